@@ -1,0 +1,46 @@
+"""blackbox_spec: exact speculative decoding for black-box LLM APIs."""
+
+from ._exceptions import (
+    AuthenticationError,
+    BlackboxSpecError,
+    ConfigurationError,
+    ModelNotFoundError,
+    PromptError,
+    TargetConnectionError,
+    TargetError,
+    TargetHTTPError,
+    TargetResponseError,
+)
+from ._stats import GenerationResult, GenerationStats
+from .client import Capabilities, GenerationStream, SpecClient
+from .drafters import Drafter, NGramDrafter
+from .policy import Policy
+from .verifiers import EchoVerifier, FanoutVerifier, Plan, Verdict, Verifier
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuthenticationError",
+    "BlackboxSpecError",
+    "Capabilities",
+    "ConfigurationError",
+    "Drafter",
+    "EchoVerifier",
+    "FanoutVerifier",
+    "GenerationResult",
+    "GenerationStats",
+    "GenerationStream",
+    "ModelNotFoundError",
+    "NGramDrafter",
+    "Plan",
+    "Policy",
+    "PromptError",
+    "SpecClient",
+    "TargetConnectionError",
+    "TargetError",
+    "TargetHTTPError",
+    "TargetResponseError",
+    "Verdict",
+    "Verifier",
+    "__version__",
+]

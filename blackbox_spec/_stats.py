@@ -1,0 +1,78 @@
+"""Stats for one generation, kept as a dataclass (display lives elsewhere)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class GenerationStats:
+    """What one generation cost and how well the drafts did.
+
+    Token counts are the *target's* tokens, as its logprobs reported them.
+    ``mean_accepted_per_round`` counts the target's own token too (as
+    vLLM's mean acceptance length does), so plain decoding in one call
+    scores the whole output in one round.
+    """
+
+    rounds: int = 0
+    target_calls: int = 0
+    cancelled_calls: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    drafted_chars: int = 0
+    accepted_chars: int = 0
+    output_tokens: int = 0
+    prompt_tokens_billed: int = 0
+    completion_tokens_billed: int = 0
+    wall_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    strategy_rounds: dict[str, int] = field(default_factory=dict)
+    finish_reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_accepted_per_round(self) -> float:
+        return self.output_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def observe_round(self, strategy: str, *, calls: int, cancelled: int, seconds: float) -> None:
+        self.rounds += 1
+        self.target_calls += calls
+        self.cancelled_calls += cancelled
+        self.verify_s += seconds
+        self.strategy_rounds[strategy] = self.strategy_rounds.get(strategy, 0) + 1
+
+    def note(self, message: str) -> None:
+        if message not in self.notes:
+            self.notes.append(message)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["acceptance_rate"] = round(self.acceptance_rate, 4)
+        data["mean_accepted_per_round"] = round(self.mean_accepted_per_round, 3)
+        data["tokens_per_second"] = round(self.tokens_per_second, 2)
+        for key in ("wall_s", "draft_s", "verify_s"):
+            data[key] = round(data[key], 4)
+        return data
+
+
+@dataclass
+class GenerationResult:
+    """The generated continuation (prompt not included) and its stats."""
+
+    text: str
+    stats: GenerationStats
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.stats.finish_reason

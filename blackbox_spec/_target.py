@@ -1,0 +1,296 @@
+"""The target server, seen through ``/v1/completions``.
+
+This is the only module that speaks HTTP.  The httpx client is injectable
+(``http_client=`` or ``transport=``), so tests run the whole library against
+a fake with no network, as with ``httpx.AsyncClient(transport=...)``.
+
+Errors are mapped here, at the boundary, onto the library's exception tree,
+and every message passes through :func:`redact` so the API key never leaks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import httpx
+
+from ._exceptions import (
+    AuthenticationError,
+    ConfigurationError,
+    ModelNotFoundError,
+    TargetConnectionError,
+    TargetHTTPError,
+    TargetResponseError,
+    redact,
+)
+from ._tokens import Unit, align_tokens
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Completion:
+    """One parsed ``/v1/completions`` answer.
+
+    ``text`` is the generated part only (any echoed prompt removed).
+    ``prompt_units`` / ``units`` are the aligned tokens of the sent prompt
+    (echo only) and of the generated text; None when the server sent no
+    logprobs.  ``eos`` is True when the target ended its text.
+    """
+
+    text: str
+    finish_reason: str | None
+    usage: Usage
+    elapsed: float
+    units: list[Unit] | None = None
+    prompt_units: list[Unit] | None = None
+    echoed: bool = False
+
+    @property
+    def eos(self) -> bool:
+        return self.finish_reason == "stop"
+
+
+@dataclass
+class StreamEnd:
+    finish_reason: str | None
+    usage: Usage = field(default_factory=Usage)
+
+
+def resolve_settings(base_url: str | None, api_key: str | None) -> tuple[str, str | None]:
+    """Explicit arguments win; then ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``,
+    as the openai SDK reads them; then the SDK's default base URL."""
+    url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+    key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+    try:
+        parsed = httpx.URL(url)
+    except Exception as exc:  # httpx raises several types for bad URLs
+        raise ConfigurationError(f"invalid base URL {redact(url, key)!r}: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigurationError(f"invalid base URL {redact(url, key)!r}: expected http(s)://host[:port]/v1")
+    return url.rstrip("/"), key
+
+
+class TargetAPI:
+    """A thin async client for the completions endpoint."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        model: str | None,
+        *,
+        http_client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 600.0,
+    ) -> None:
+        self.base_url = base_url
+        self._api_key = api_key
+        self.model = model
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._owns_client = http_client is None
+        self._client = http_client or httpx.AsyncClient(
+            transport=transport, timeout=httpx.Timeout(timeout, connect=10.0),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+        )
+        self._headers = headers
+        self.calls = 0
+
+    def __repr__(self) -> str:  # never show the key
+        return f"TargetAPI(base_url={self.base_url!r}, model={self.model!r})"
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    # -- requests -------------------------------------------------------------
+
+    def _fail(self, message: str) -> str:
+        return redact(message, self._api_key)
+
+    async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        self.calls += 1
+        try:
+            response = await self._client.post(self.base_url + path, json=body, headers=self._headers)
+        except httpx.TimeoutException as exc:
+            raise TargetConnectionError(self._fail(f"request to {self.base_url} timed out ({type(exc).__name__})")) from None
+        except httpx.HTTPError as exc:
+            raise TargetConnectionError(self._fail(f"cannot reach {self.base_url}: {exc or type(exc).__name__}")) from None
+        if response.status_code >= 400:
+            raise self._http_error(response)
+        return response
+
+    def _http_error(self, response: httpx.Response) -> TargetHTTPError:
+        status = response.status_code
+        try:
+            detail = response.json()
+            err = detail.get("error", detail) if isinstance(detail, dict) else detail
+            message = err.get("message") if isinstance(err, dict) else None
+            message = str(message or err or detail)
+        except ValueError:
+            message = response.text.strip()[:300] or response.reason_phrase
+        message = self._fail(f"HTTP {status} from {self.base_url}: {message}")
+        if status in (401, 403):
+            return AuthenticationError(message, status_code=status)
+        if status == 404 and "model" in message.lower():
+            return ModelNotFoundError(message, status_code=status)
+        return TargetHTTPError(message, status_code=status)
+
+    def _json(self, response: httpx.Response) -> dict[str, Any]:
+        try:
+            data = response.json()
+        except ValueError:
+            raise TargetResponseError(self._fail(f"{self.base_url} did not answer with JSON")) from None
+        if not isinstance(data, dict):
+            raise TargetResponseError(self._fail(f"{self.base_url} answered with a JSON {type(data).__name__}, not an object"))
+        return data
+
+    async def list_models(self) -> list[str]:
+        self.calls += 1
+        try:
+            response = await self._client.get(self.base_url + "/models", headers=self._headers)
+        except httpx.HTTPError as exc:
+            raise TargetConnectionError(self._fail(f"cannot reach {self.base_url}: {exc or type(exc).__name__}")) from None
+        if response.status_code >= 400:
+            raise self._http_error(response)
+        data = self._json(response).get("data") or []
+        return [m.get("id") for m in data if isinstance(m, dict) and m.get("id")]
+
+    async def complete(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        logprobs: int | None = None,
+        echo: bool = False,
+        stop: list[str] | None = None,
+    ) -> Completion:
+        """One temperature-0 completion, parsed and aligned."""
+        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        if logprobs is not None:
+            body["logprobs"] = logprobs
+        if echo:
+            body["echo"] = True
+        if stop:
+            body["stop"] = stop
+        started = time.perf_counter()
+        response = await self._post("/completions", body)
+        data = self._json(response)
+        return self._parse(data, prompt if echo else None, time.perf_counter() - started)
+
+    def _parse(self, data: dict[str, Any], echoed_prompt: str | None, elapsed: float) -> Completion:
+        try:
+            choice = data["choices"][0]
+            full = choice["text"]
+            if not isinstance(full, str):
+                raise TypeError("text is not a string")
+        except (KeyError, IndexError, TypeError) as exc:
+            raise TargetResponseError(self._fail(f"malformed completion from {self.base_url}: {exc!r}")) from None
+        raw_usage = data.get("usage") or {}
+        usage = Usage(int(raw_usage.get("prompt_tokens") or 0), int(raw_usage.get("completion_tokens") or 0))
+        finish = choice.get("finish_reason")
+        echoed = echoed_prompt is not None and full.startswith(echoed_prompt)
+        text = full[len(echoed_prompt):] if echoed else full
+        completion = Completion(text, finish, usage, elapsed, echoed=echoed)
+        tokens, lps, tops = _logprob_lists(choice.get("logprobs"))
+        if tokens is None:
+            return completion
+        if echoed:
+            completion.prompt_units, completion.units = _split_echo(full, len(echoed_prompt), tokens, lps, tops, usage)
+        else:
+            completion.units = _align_generated(text, tokens, lps, tops)
+        return completion
+
+    async def stream(
+        self, prompt: str, *, max_tokens: int, stop: list[str] | None = None
+    ) -> AsyncIterator[str | StreamEnd]:
+        """Plain streaming completion: yields text pieces, then a :class:`StreamEnd`."""
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True},
+        }
+        if stop:
+            body["stop"] = stop
+        self.calls += 1
+        end = StreamEnd(None)
+        try:
+            async with self._client.stream("POST", self.base_url + "/completions", json=body, headers=self._headers) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise self._http_error(response)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    try:
+                        chunk = json.loads(payload)
+                    except ValueError:
+                        raise TargetResponseError(self._fail(f"malformed stream chunk from {self.base_url}")) from None
+                    if chunk.get("usage"):
+                        end.usage = Usage(int(chunk["usage"].get("prompt_tokens") or 0), int(chunk["usage"].get("completion_tokens") or 0))
+                    for choice in chunk.get("choices") or []:
+                        if choice.get("text"):
+                            yield choice["text"]
+                        if choice.get("finish_reason"):
+                            end.finish_reason = choice["finish_reason"]
+        except httpx.TimeoutException:
+            raise TargetConnectionError(self._fail(f"stream from {self.base_url} timed out")) from None
+        except httpx.HTTPError as exc:
+            raise TargetConnectionError(self._fail(f"cannot reach {self.base_url}: {exc or type(exc).__name__}")) from None
+        yield end
+
+
+def _logprob_lists(logprobs: Any) -> tuple[list[str] | None, list, list]:
+    """Token strings, their logprobs and top dicts, from either the legacy
+    completions format or the ``content`` list format (llama.cpp, chat)."""
+    if not isinstance(logprobs, dict):
+        return None, [], []
+    if isinstance(logprobs.get("tokens"), list):
+        tokens = logprobs["tokens"]
+        n = len(tokens)
+        lps = list(logprobs.get("token_logprobs") or [None] * n)
+        tops = list(logprobs.get("top_logprobs") or [None] * n)
+        if len(lps) != n or len(tops) != n:
+            raise TargetResponseError("logprobs lists have different lengths")
+        return [str(t) for t in tokens], lps, tops
+    content = logprobs.get("content")
+    if isinstance(content, list):
+        tokens = [str(c.get("token", "")) for c in content]
+        lps = [c.get("logprob") for c in content]
+        tops = [{t["token"]: t["logprob"] for t in c.get("top_logprobs") or []} or None for c in content]
+        return tokens, lps, tops
+    return None, [], []
+
+
+def _align_generated(text: str, tokens: list[str], lps: list, tops: list) -> list[Unit]:
+    units = align_tokens(text, tokens, lps, tops)
+    return [u for u in units if not u.special]
+
+
+def _split_echo(full: str, prompt_len: int, tokens: list[str], lps: list, tops: list, usage: Usage) -> tuple[list[Unit], list[Unit]]:
+    """Split echoed logprobs into the prompt's units and the generated ones.
+
+    The server tokenized the prompt on its own, so its tokens end exactly at
+    ``prompt_len``; ``usage.completion_tokens`` says how many came after.
+    """
+    n_generated = usage.completion_tokens if usage.completion_tokens else None
+    split = len(tokens) - n_generated if n_generated is not None and n_generated <= len(tokens) else None
+    if split is None:  # no usage: find the token that ends at the prompt's end
+        units = align_tokens(full, tokens, lps, tops)
+        prompt_units = [u for u in units if u.end <= prompt_len and not (u.special and u.start == prompt_len)]
+        return prompt_units, [u for u in units[len(prompt_units):] if not u.special]
+    prompt_units = align_tokens(full[:prompt_len], tokens[:split], lps[:split], tops[:split])
+    generated = align_tokens(full[prompt_len:], tokens[split:], lps[split:], tops[split:])
+    return prompt_units, [u for u in generated if not u.special]

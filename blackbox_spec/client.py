@@ -1,0 +1,219 @@
+"""The async client: the library's front door.
+
+    async with SpecClient(base_url="http://127.0.0.1:8000/v1", model="qwen") as client:
+        result = await client.generate(prompt, max_tokens=256)
+        print(result.text, result.stats.mean_accepted_per_round)
+
+``drafter=None`` is plain decoding through the same client (the baseline of
+every benchmark).  Settings not given are read like the openai SDK reads
+them: ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Sequence
+
+import httpx
+
+from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetHTTPError, TargetResponseError
+from ._stats import GenerationResult, GenerationStats
+from ._target import TargetAPI, resolve_settings
+from .drafters import Drafter, NGramDrafter
+from .orchestrator import Output, decode_plainly, speculate
+from .policy import Policy
+from .verifiers import EchoVerifier, FanoutVerifier
+
+STRATEGIES = ("auto", "echo", "fanout", "plain")
+_REFUSALS = (400, 422, 501)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the server offers for verification, learned by one probe."""
+
+    echo: bool
+    logprobs: bool
+    round_trip_s: float
+
+
+def make_drafter(name: str | Drafter | None) -> Drafter | None:
+    if name is None or name == "none":
+        return None
+    if name == "ngram":
+        return NGramDrafter()
+    if isinstance(name, str):
+        raise ConfigurationError(f"unknown drafter {name!r}; choose from: ngram, none")
+    return name
+
+
+class GenerationStream:
+    """``async for piece in client.stream(...)``; ``.result`` fills as it goes."""
+
+    def __init__(self, pieces: AsyncIterator[str], result: GenerationResult) -> None:
+        self._pieces = pieces
+        self.result = result
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._pieces
+
+    async def aclose(self) -> None:
+        await self._pieces.aclose()  # type: ignore[attr-defined]
+
+
+class SpecClient:
+    """Exact greedy speculative decoding against an OpenAI-compatible server."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        model: str | None = None,
+        *,
+        drafter: Drafter | str | None = "ngram",
+        strategy: str = "auto",
+        http_client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 600.0,
+        fanout_width: int = 4,
+        max_draft_chars: int = 2048,
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise ConfigurationError(f"unknown strategy {strategy!r}; choose from: {', '.join(STRATEGIES)}")
+        if fanout_width < 1 or max_draft_chars < 1:
+            raise ConfigurationError("fanout_width and max_draft_chars must be at least 1")
+        url, key = resolve_settings(base_url, api_key)
+        self._drafter_spec = drafter
+        make_drafter(drafter)  # validate now, build one per generation
+        self.strategy = strategy
+        self.fanout_width = fanout_width
+        self.max_draft_chars = max_draft_chars
+        self.api = TargetAPI(url, key, model, http_client=http_client, transport=transport, timeout=timeout)
+        self.capabilities: Capabilities | None = None
+
+    def __repr__(self) -> str:
+        return f"SpecClient(base_url={self.api.base_url!r}, model={self.api.model!r}, strategy={self.strategy!r})"
+
+    @property
+    def model(self) -> str | None:
+        return self.api.model
+
+    async def __aenter__(self) -> "SpecClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.api.aclose()
+
+    # -- probing -----------------------------------------------------------------
+
+    async def ensure_model(self) -> str:
+        if self.api.model is None:
+            models = await self.api.list_models()
+            if not models:
+                raise ConfigurationError(f"no model given and {self.api.base_url}/models lists none; pass --model")
+            self.api.model = models[0]
+        return self.api.model
+
+    async def probe(self) -> Capabilities:
+        """Learn once whether the server returns logprobs and honours echo."""
+        if self.capabilities is not None:
+            return self.capabilities
+        await self.ensure_model()
+        try:
+            plain = await self.api.complete("Hello", max_tokens=2, logprobs=1)
+            logprobs = bool(plain.units)
+        except TargetHTTPError as exc:
+            if exc.status_code not in _REFUSALS:
+                raise
+            plain = await self.api.complete("Hello", max_tokens=2)
+            logprobs = False
+        except TargetResponseError:
+            plain, logprobs = None, False
+        try:
+            echoed = await self.api.complete("Hello", max_tokens=1, logprobs=1, echo=True)
+            echo = echoed.echoed and bool(echoed.prompt_units)
+        except TargetHTTPError as exc:
+            if exc.status_code not in _REFUSALS:
+                raise
+            echo = False
+        except TargetResponseError:
+            echo = False
+        self.capabilities = Capabilities(echo=echo, logprobs=logprobs, round_trip_s=plain.elapsed if plain else 0.0)
+        return self.capabilities
+
+    # -- generation ---------------------------------------------------------------
+
+    async def generate(self, prompt: str, *, max_tokens: int = 256, stop: str | Sequence[str] | None = None) -> GenerationResult:
+        """Generate the continuation of ``prompt``; exactly what a plain
+        temperature-0 call to the same server returns."""
+        stream = self.stream(prompt, max_tokens=max_tokens, stop=stop)
+        async for _ in stream:
+            pass
+        return stream.result
+
+    def stream(self, prompt: str, *, max_tokens: int = 256, stop: str | Sequence[str] | None = None) -> GenerationStream:
+        """Like :meth:`generate`, yielding text as soon as the target confirms it."""
+        stops = _check_arguments(prompt, max_tokens, stop)
+        result = GenerationResult("", GenerationStats())
+        return GenerationStream(self._run(prompt, max_tokens, stops, result), result)
+
+    async def _run(self, prompt: str, max_tokens: int, stop: list[str] | None, result: GenerationResult) -> AsyncIterator[str]:
+        stats = result.stats
+        out = Output(prompt, max_tokens, stop)
+        started = time.perf_counter()
+        try:
+            await self.ensure_model()
+            async for piece in self._pieces(out, stats):
+                result.text += piece
+                yield piece
+        except BlackboxSpecError as exc:
+            exc.partial = result  # what the target already confirmed is kept
+            raise
+        finally:
+            stats.wall_s = time.perf_counter() - started
+            stats.finish_reason = out.finish_reason
+
+    async def _pieces(self, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
+        drafter = make_drafter(self._drafter_spec)
+        if drafter is None or self.strategy == "plain":
+            async for piece in decode_plainly(self.api, out, stats):
+                yield piece
+            return
+        caps = await self.probe()
+        available = (["echo"] if caps.echo else []) + (["fanout"] if caps.logprobs else [])
+        forced = None if self.strategy == "auto" else self.strategy
+        if forced and forced not in available:
+            raise ConfigurationError(
+                f"strategy {forced!r} is not available on {self.api.base_url} "
+                f"(echo: {'yes' if caps.echo else 'refused'}, logprobs: {'yes' if caps.logprobs else 'no'}); "
+                "use --strategy auto"
+            )
+        if not caps.logprobs:
+            stats.note("the server returns no logprobs, so token boundaries are unknown: decoding plainly")
+            async for piece in decode_plainly(self.api, out, stats):
+                yield piece
+            return
+        policy = Policy(available, forced=forced, fanout_width=self.fanout_width, max_draft_chars=self.max_draft_chars)
+        fanout = FanoutVerifier(self.api)
+        verifiers = {"echo": EchoVerifier(self.api), "fanout": fanout, "plain": fanout}
+        async for piece in speculate(self.api, drafter, policy, verifiers, out, stats):
+            yield piece
+
+
+def _check_arguments(prompt: object, max_tokens: object, stop: object) -> list[str] | None:
+    if not isinstance(prompt, str):
+        raise PromptError(f"prompt must be a string, not {type(prompt).__name__}")
+    if not prompt:
+        raise PromptError("prompt is empty")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ConfigurationError(f"max_tokens must be a positive integer, not {max_tokens!r}")
+    if stop is None:
+        return None
+    stops = [stop] if isinstance(stop, str) else list(stop)  # type: ignore[arg-type]
+    if not all(isinstance(s, str) and s for s in stops):
+        raise ConfigurationError("stop sequences must be non-empty strings")
+    return stops or None

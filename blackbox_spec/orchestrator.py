@@ -1,0 +1,195 @@
+"""The speculative loop: draft, verify, accept, emit, learn.
+
+Exactness argument, in one place:
+
+* Every text we accept was produced or confirmed by the target, from a
+  context that is on its own greedy path (see the verifiers), and ends on a
+  safe cut (see ``_tokens``), so the next context is on the path too.
+* ``max_tokens`` is applied per target token and stop strings per token, in
+  the server's own order (``_stopping``), so the output ends where a plain
+  call's would.
+* When a token can't be read (an opaque or special-looking token), we ask the
+  target plainly instead of guessing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Mapping
+
+from ._exceptions import TargetHTTPError
+from ._stats import GenerationStats
+from ._stopping import StopScanner
+from ._target import StreamEnd, TargetAPI
+from ._tokens import Unit
+from .drafters.base import Drafter
+from .policy import Policy
+from .verifiers.base import Verifier
+from .verifiers.echo import EchoUnsupported
+
+
+@dataclass
+class Output:
+    """The continuation so far, bounded by ``max_tokens`` and stop strings."""
+
+    prompt: str
+    max_tokens: int
+    stop: list[str] | None
+    tokens: int = 0
+    shown: int = 0
+    finish_reason: str | None = None
+    scanner: StopScanner = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scanner = StopScanner(self.stop)
+
+    @property
+    def text(self) -> str:
+        return self.scanner.text
+
+    @property
+    def context(self) -> str:
+        return self.prompt + self.scanner.text
+
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - self.tokens
+
+    def take(self, units: list[Unit]) -> tuple[int, bool]:
+        """Append units while the budget allows; returns (units taken, whether
+        the budget ran out inside a multi-token unit)."""
+        for k, unit in enumerate(units):
+            if self.finish_reason:
+                return k, False
+            if unit.tokens > self.remaining:
+                return k, True
+            self.tokens += unit.tokens
+            if self.scanner.feed(unit.text):
+                self.finish_reason = "stop"
+            elif self.remaining == 0:
+                self.finish_reason = "length"
+        return len(units), False
+
+    def add_text(self, piece: str) -> None:
+        """Append streamed text whose token count the server keeps."""
+        if not self.finish_reason and self.scanner.feed(piece):
+            self.finish_reason = "stop"
+
+    def flush(self, final: bool = False) -> str:
+        """New text that is safe to show (never retracted later)."""
+        end = self.scanner.safe_length(final or self.finish_reason is not None)
+        piece = self.text[self.shown : end]
+        self.shown = max(self.shown, end)
+        return piece
+
+
+async def speculate(
+    api: TargetAPI,
+    drafter: Drafter,
+    policy: Policy,
+    verifiers: Mapping[str, Verifier],
+    out: Output,
+    stats: GenerationStats,
+) -> AsyncIterator[str]:
+    """Generate ``out``'s continuation speculatively; yields text as it is accepted."""
+    drafter.start(out.prompt)
+    plain_next = False
+    while out.finish_reason is None:
+        # 1. Plan the round from what has been measured so far.
+        plan = policy.plan(plain_next=plain_next, remaining=out.remaining)
+
+        # 2. Draft locally.
+        started = time.perf_counter()
+        draft = drafter.propose(plan.draft_chars) if plan.draft_chars else ""
+        stats.draft_s += time.perf_counter() - started
+        if not draft and plan.strategy != "plain":
+            plan = policy.plain(out.remaining)  # nothing to check: just continue
+
+        # 3. Verify the draft with the target.
+        try:
+            verdict = await verifiers[plan.strategy].verify(out.context, draft, plan)
+        except (EchoUnsupported, TargetHTTPError) as exc:
+            if plan.strategy != "echo" or isinstance(exc, TargetHTTPError) and exc.status_code not in (400, 422, 501):
+                raise
+            policy.drop("echo")  # refused mid-run: fall back, lose nothing
+            stats.note(f"echo verification refused by the server ({exc}); continuing without it")
+            continue
+
+        # 4. Accept the confirmed prefix, within max_tokens and stop strings.
+        taken, split = out.take(verdict.units)
+        if verdict.eos and taken == len(verdict.units) and out.finish_reason is None:
+            out.finish_reason = "stop"
+        if split:
+            # The budget ends inside a character the target spread over several
+            # tokens: only the server can render that cut, as plain decoding does.
+            await _finish_plainly(api, out, stats)
+        accepted = verdict.units[:taken]
+        accepted_draft = accepted[: verdict.draft_units]
+        stats.observe_round(plan.strategy, calls=verdict.calls, cancelled=verdict.cancelled, seconds=verdict.seconds)
+        stats.output_tokens += sum(u.tokens for u in accepted)
+        stats.drafted_tokens += verdict.proposed_units
+        stats.accepted_tokens += sum(u.tokens for u in accepted_draft)
+        stats.drafted_chars += len(draft)
+        draft_chars = sum(len(u.text) for u in accepted_draft)
+        stats.accepted_chars += draft_chars
+        stats.prompt_tokens_billed += verdict.usage.prompt_tokens
+        stats.completion_tokens_billed += verdict.usage.completion_tokens
+
+        # 5. Emit what can no longer be retracted.
+        piece = out.flush()
+        if piece:
+            yield piece
+
+        # 6. Learn: the drafter sees the new text, the policy the costs.
+        drafter.update("".join(u.text for u in accepted), draft, draft_chars)
+        policy.observe(plan, verdict, len(draft), draft_chars)
+        plain_next = verdict.plain_next or (not verdict.units and not verdict.eos)
+    piece = out.flush(final=True)
+    if piece:
+        yield piece
+    stats.finish_reason = out.finish_reason
+
+
+async def decode_plainly(api: TargetAPI, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
+    """Plain decoding: one streamed call for the whole remaining budget."""
+    started = time.perf_counter()
+    end = StreamEnd(None)
+    stream = api.stream(out.context, max_tokens=out.remaining, stop=out.stop)
+    try:
+        async for item in stream:
+            if isinstance(item, StreamEnd):
+                end = item
+                break
+            out.add_text(item)
+            piece = out.flush()
+            if piece:
+                yield piece
+            if out.finish_reason:
+                break  # a stop string straddled what we had: stop the stream
+    finally:
+        await stream.aclose()
+    if out.finish_reason is None:
+        out.finish_reason = end.finish_reason or "length"
+    out.tokens += end.usage.completion_tokens
+    stats.observe_round("plain-stream", calls=1, cancelled=0, seconds=time.perf_counter() - started)
+    stats.output_tokens += end.usage.completion_tokens
+    stats.prompt_tokens_billed += end.usage.prompt_tokens
+    stats.completion_tokens_billed += end.usage.completion_tokens
+    piece = out.flush(final=True)
+    if piece:
+        yield piece
+    stats.finish_reason = out.finish_reason
+
+
+async def _finish_plainly(api: TargetAPI, out: Output, stats: GenerationStats) -> None:
+    c = await api.complete(out.context, max_tokens=out.remaining)
+    stats.target_calls += 1
+    stats.prompt_tokens_billed += c.usage.prompt_tokens
+    stats.completion_tokens_billed += c.usage.completion_tokens
+    stats.output_tokens += c.usage.completion_tokens or out.remaining
+    out.tokens = out.max_tokens
+    out.add_text(c.text)
+    if out.finish_reason is None:
+        out.finish_reason = c.finish_reason or "length"
+

@@ -1,0 +1,486 @@
+"""A deterministic, token-based fake of an OpenAI-compatible completions server.
+
+It exists so the whole speculative loop can be tested offline, and it is built
+to be *hard* for a text-level client in the same ways a real server is:
+
+* It has its own tokenizer (greedy longest match over UTF-8 bytes, with
+  multi-character tokens, whole-character CJK tokens and byte-fallback tokens
+  for rarer characters and emoji).  The client never sees it.
+* Its prediction depends on the *token ids* of the context, so a context cut
+  inside one of its tokens (``"wor" + "ld"`` instead of ``"world"``) puts it in
+  a different state and it predicts something else.
+* Logprob token strings follow vLLM: a token that is not valid UTF-8 on its
+  own is shown as ``"\\ufffd"``, ``text_offset`` is the running sum of those
+  strings' lengths (so it is wrong after such a token), and in echo mode the
+  end-of-text token appears with its text ``<|endoftext|>`` while ``text``
+  omits it.
+* The model copies from its context (an "induction head") and deviates now
+  and then, so prompt-lookup drafts are often, but not always, right.
+
+Greedy paths it produces are *canonical*: appending a token never changes how
+the text so far re-tokenizes.  Real models almost always behave so; a text
+API cannot reproduce a non-canonical path exactly, and the client documents
+that limit rather than pretending otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Iterable
+
+import httpx
+
+EOS_TEXT = "<|endoftext|>"
+OPAQUE_TEXT = "\ufffd"
+
+_WORDS = (
+    "the and for with that this from return def class self import None True False "
+    "value values result data name names item items list dict print if else elif "
+    "while in is not or of to a an be it as at by on we you they he she new old "
+    "function var let const type int str float bool json key keys index count "
+    "text line lines file files user users id ids error errors http server client "
+    "model token tokens draft target accept reject speed fast slow "
+).split()
+_PIECES = [
+    "ing", "ed", "er", "es", "ly", "tion", "():", "()", "(self", "self.", "):", " = ",
+    " == ", " += ", "->", "\n", "\n\n", "  ", "    ", "        ", "\n    ", "\n        ",
+    '"', "'", ", ", ". ", ": ", "{", "}", "[", "]", "},", "],", '": ', '",', "#", "# ",
+    "，", "。", "、",
+]
+# Whole-token CJK characters; others fall back to UTF-8 byte tokens.
+_CJK = "你好世界的是在不了有我这个人们中大来上国和说到时要就出会可也对生能而子那得于着下自之年过发后作里用道行所然家种事成方多经么去法学如都同现当没动面起看定天分还进好小部其些主样理心她本前开但因只从想实日军者意无力它与长把机十民第公此已工使情明性知全三又关点正业外将两高间由问很最重并物手应战向头文体政美相见被利什二等产或新己制身果加西斯月话合回特代内信表化老给世位次度门任常先海通教儿原东声提立及比员解水名真论处走义各入几口认条平系气题活尔更别打女变四神总何电数安少报才结反受目太量再感建务做接必场件计管期市直德资命山金指克许统区保至队形社便空决治展马科司五基眼书非则听白却界达光放强即像难且权思王象完设式色路记南品住告类求据程北边死张该交规万取拉格望觉术领共确传师观清今切院让识候带导争运笑飞风步改收根干造言联持组每济车亲极林服快办议往元英士证近失转夫令准布始怎呢存未远叫台单影具罗字爱击流备兵连调深商算质团集百需价花党华城石级整府离况亚请技际约示复病息究线似官火断精满支视消越器容照须九增研写称企八功吗包片史委乎查轻易早曾除农找装广显吧阿李标谈吃图念六引历首医局突专费号尽另周较注语仅考落青随选列武红响虽推势参希古众构房半节土投某案黑维革划敌致陈律足态护七兴派孩验责营星够章音跟志底站严巴例防族供效续施留讲型料终答紧黄绝奇察母京段依批群项故按河米围江织害斗双境客纪采举杀攻父苏密低朝友诉止细愿千值仍男钱破网热助倒育属坐帝限船脸职速刻乐否刚威毛状率甚独球般普怕弹校苦创假久错承印晚兰试股拿脑预谁益阳若哪微尼继送急血惊伤素药适波夜省初喜卫源食险待述陆习置居劳财环排福纳欢雷警获模充负云停木游龙树疑层冷洲冲射略范竟句室异激汉村哈策演简卡罪判担州静退既衣您宗积余痛检差富灵协角占配征修皮挥胜降阶审沉坚善妈刘读啊超免压银买皇养伊怀执副乱抗犯追帮宣佛岁航优怪香著田铁控税左右份穿艺背阵草脚概恶块顿敢守酒岛托央户烈洋哥索胡款靠评版宝座释景顾弟登货互付伯慢欧换闻危忙核暗姐介坏讨丽良序升监临亮露永呼味野架域沙掉括舰鱼杂误湾吉减编楚肯测败屋跑梦散温困剑渐封救贵枪缺楼县尚毫移娘朋画班智亦耳恩短掌恐遗固席松秘谢鲁遇康虑幸均销钟诗藏赶剧票损忽巨炮旧端探湖录叶春乡附吸予礼港雨呀板庭妇归睛饭额含顺输摇招婚脱补谓督毒油疗旅泽材灭逐莫笔亡鲜词圣择寻厂睡博勒烟授诺伦岸奥唐卖俄炸载洛健堂旁宫喝借君禁阴园谋宋避抓荣姑孙逃牙束跳顶玉镇雪午练迫爷篇肉嘴馆遍凡础洞卷坦牛宁纸诸训私庄祖丝翻暴森塔默握戏隐熟骨访弱蒙歌店鬼软典欲萨伙遭盘爸扩盖弄雄稳忘亿刺拥徒姆杨齐赛趣曲刀床迎冰虎玩析窗醒妻透购替塞努休虎扬途侵刑绿兄迅套贸毕唯谷轮库迹尤竞街促延震弃甲伟麻川申缓潜闪售灯针哲络抵朱埃抱鼓植纯夏忍页杰筑折郑贝尊吴秀混臣雅振染盛怒舞圆搞狂措姓残秋培迷诚宽宇猛摆梅毁伸摩盟末乃悲拍丁赵硬麦蒋操耶阻订彩抽赞魔纷沿喊违妹浪汇币丰蓝殊献桌啦瓦莱援译夺汽烧距裁偏符勇触课敬哭懂墙袭召罚侠厅拜巧侧韩冒债曼融惯享戴童犹乘挂奖绍厚纵障讯涉彻刊丈爆乌役描洗玛患妙镜唱烦签仙彼弗症仿倾牌陷鸟轰咱菜闭奋庆撤泪茶疾缘播朗杜奶季丹狗尾仪偷奔珠虫驻孔宜艾桥淡翼恨繁寒伴叹旦愈潮粮缩罢聚径恰挑袋灰捕徐珍幕映裂泰隔启尖忠累炎暂估泛荒偿横拒瑞忆孤鼻闹羊呆厉衡胞零穷舍码赫婆魂灾洪腿胆津俗辩胸晓劲贫仁偶辑邦恢赖圈摸仰润堆碰艇稍迟辆废净凶署壁御奉旋冬矿抬蛋晨伏吹鸡倍糊秦盾杯租骑乏隆诊奴摄丧污渡旗甘耐凭扎抢绪粗肩梁幻菲皆碎宙叔岩荡综爬荷悉蒂返井壮薄悄扫敏碍殖详迪矛霍允幅撒剩凯颗骂赏液番箱贴漫酸郎腰舒眉忧浮辛恋餐吓挺励辞艘键伍峰尺昨黎辈贯侦滑券崇扰宪绕趋慈乔阅汗枝拖墨胁插箭腊粉泥氏彭拔骗凤慧媒佩愤扑龄驱惜豪掩兼跃尸肃帕驶堡届欣惠册储飘桑闲惨洁踪勃宾频仇磨递邪撞拟滚奏巡颜剂绩贡疯坡瞧截燃焦殿伪柳锁逼颇昏劝呈搜勤戒驾漂饮曹朵仔柔俩孟腐幼践籍牧凉牲佳娜浓芳稿竹腹跌逻垂遵脉貌柏狱猜怜惑陶兽帐饰贷昌叙躺钢沟寄扶铺邓寿惧询汤盗肥尝匆辉奈扣廷澳嘛董迁凝慰厌脏腾幽怨鞋丢埋泉涌辖躲晋紫艰魏吾慌祝邮吐狠鉴曰械咬邻赤挤弯椅陪割揭韦悟聪雾锋梯猫祥阔誉筹丛牵鸣沈阁穆屈旨袖猎臂蛇贺柱抛鼠瑟戈牢逊迈欺吨琴衰瓶恼燕仲诱狼池疼卢仗冠粒遥吕玄尘冯抚浅敦纠钻晶岂峡苍喷耗凌敲菌赔涂粹扁亏寂煤熊恭湿循暖糖赋抑秩帽哀宿踏烂袁侯抖夹昆肝擦猪炼恒慎搬纽纹玻渔磁铜齿跨押怖漠疲叛遣兹祭醉拳弥斜档稀捷肤疫肿豆削岗晃吞宏癌肚隶履涨耀扭坛拨沃绘伐堪仆郭牺歼墓雇廉契拼惩捉覆刷劫嫌瓜歇雕闷乳串娃缴唤赢莲霸桃妥瘦搭赴岳嘉舱俊址庞耕锐缝悔邀玲惟斥宅添挖呵讼氧浩羽斤酷掠妖祸侍乙妨贪挣汪尿莉悬唇翰仓轨枚盐览傅帅庙芬屏寺胖璃愚滴疏萧姿颤丑劣柯寸扔盯辱匹俱辨饿蜂哦腔郁溃谨糟葛苗肠忌溜鸿爵鹏鹰笼丘桂滋聊挡纲肌茨壳痕碗穴膀卓贤卧膜毅锦欠哩函茫昂薛皱夸豫胃舌剥傲拾窝睁携陵哼棉晴铃填饲渴吻扮逆脆喘罩卜炉柴愉绳胎蓄眠竭喂傻慕浑奸扇柜悦拦诞饱乾泡贼亭夕爹酬儒姻卵氛泄杆挨僧蜜吟猩遂狭肖甜霞驳裕顽於摘矮秒卿畜咽披辅勾盆疆赌塑畏吵囊嗯泊肺骤缠冈羞瞪吊贾漏斑涛悠鹿俘锡卑葬铭滩嫁催璇翅盒蛮矣潘歧赐鲍锅廊拆灌勉盲宰佐啥胀扯禧辽抹筒棋裤唉朴咐孕誓喉妄拘链驰栏逝窃艳臭纤玑棵趁匠盈翁愁瞬婴孝颈倘浙谅蔽畅赠妮莎尉冻跪闯葡後厨鸭颠遮谊圳吁仑辟瘤嫂陀框谭亨钦庸歉芝吼甫衫摊宴嘱衷娇陕矩浦讶耸裸碧摧薪淋耻胶屠鹅饥盼脖虹翠崩账萍逢赚撑翔倡绵猴枯巫昭怔渊凑溪蠢禅阐旺寓藤匪伞碑挪琼脂谎慨菩萄狮掘抄岭晕逮砍挽坟悍侨倚娶晰浴郊呕葱咖茂枕嗓庆"
+_EMOJI = "😀😃😄😁😆😅😂🙂🙃😉😊😇🥰😍🤩😘😗😚😙😋😛😜🤪😝🤑🤗🤭🤫🤔🤐🤨😐😑😶😏😒🙄😬🤥😌😔😪🤤😴😷🤒🤕🤢🤮🤧🥵🥶🥴😵🤯🤠🥳😎🤓🧐😕😟🙁😮😯😲😳🥺😦😧😨😰😥😢😭😱😖😣😞😓😩😫🥱😤😡😠🤬😈👿💀💩🤡👹👺👻👽👾🤖🎉🚀🔥✨👍👎👋🙏💡📦🐍"
+
+
+def _vocabulary() -> list[bytes]:
+    """Byte tokens 0..255 first (the fallback), then longer tokens."""
+    tokens: list[bytes] = [bytes([b]) for b in range(256)]
+    extra: list[str] = []
+    for word in _WORDS:
+        extra += [word, " " + word, word.capitalize(), " " + word.capitalize()]
+    extra += _PIECES
+    extra += list(_CJK[: len(_CJK) // 2])  # the other half stays byte-split
+    seen = set(tokens)
+    for text in extra:
+        raw = text.encode()
+        if raw not in seen:
+            seen.add(raw)
+            tokens.append(raw)
+    for emoji in _EMOJI:  # 4-byte emoji: two 2-byte tokens, each invalid UTF-8 alone
+        raw = emoji.encode()
+        for half in (raw[:2], raw[2:]) if len(raw) == 4 else (raw,):
+            if half not in seen:
+                seen.add(half)
+                tokens.append(half)
+    return tokens
+
+
+class FakeTokenizer:
+    """Greedy longest-match tokenizer over UTF-8 bytes, plus one EOS token."""
+
+    def __init__(self) -> None:
+        self.vocab: list[bytes] = _vocabulary()
+        self.eos_id = len(self.vocab)
+        self._ids = {raw: i for i, raw in enumerate(self.vocab)}
+        self.max_token_bytes = max(len(raw) for raw in self.vocab)
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_bytes(text.encode())
+
+    def encode_bytes(self, data: bytes) -> list[int]:
+        ids, pos, n = [], 0, len(data)
+        while pos < n:
+            for length in range(min(self.max_token_bytes, n - pos), 0, -1):
+                token = self._ids.get(data[pos : pos + length])
+                if token is not None:
+                    ids.append(token)
+                    pos += length
+                    break
+        return ids
+
+    def token_bytes(self, token: int) -> bytes:
+        return b"" if token == self.eos_id else self.vocab[token]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> str:
+        """How vLLM shows one token in logprobs."""
+        if token == self.eos_id:
+            return EOS_TEXT
+        try:
+            return self.vocab[token].decode("utf-8")
+        except UnicodeDecodeError:
+            return OPAQUE_TEXT
+
+
+def _mix(values: Iterable[int]) -> int:
+    """FNV-1a over a few ids: a stable hash (Python's hash() is salted)."""
+    h = 0x811C9DC5
+    for v in values:
+        h = ((h ^ (v & 0xFFFFFFFF)) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def _valid_utf8_prefix(data: bytes) -> bool:
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _incomplete_tail(data: bytes) -> bytes:
+    """The bytes of a character that ``data`` has started but not finished."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII)
+            need = 1 if byte < 0x80 else 2 if byte >= 0xC0 and byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return data[-back:] if back < need else b""
+    return b""
+
+
+def _ends_mid_character(data: bytes) -> bool:
+    return bool(_incomplete_tail(data))
+
+
+class _State:
+    """A growing context with an n-gram index for the induction head.
+
+    ``last_end[n][gram]`` is the end index of the latest occurrence of
+    ``gram`` that ends strictly before the current end, so a lookup finds an
+    *earlier* occurrence of the current suffix.
+    """
+
+    NGRAM_SIZES = (3, 2, 1)
+
+    def __init__(self, model: "FakeModel") -> None:
+        self.model = model
+        self.ids: list[int] = []
+        self.data = bytearray()
+        self.last_end: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.NGRAM_SIZES}
+
+    def append(self, token: int) -> None:
+        end = len(self.ids)
+        for n in self.NGRAM_SIZES:
+            if end >= n:
+                self.last_end[n][tuple(self.ids[end - n : end])] = end
+        self.ids.append(token)
+        self.data += self.model.tokenizer.token_bytes(token)
+
+    def induction(self) -> int | None:
+        end = len(self.ids)
+        for n in self.NGRAM_SIZES:
+            if end >= n:
+                j = self.last_end[n].get(tuple(self.ids[end - n :]))
+                if j is not None and j < end:
+                    return self.ids[j]
+        return None
+
+    def ranked(self) -> tuple[tuple[int, float], tuple[int, float]]:
+        """The top-2 next tokens with logprobs (distinct values: no ties)."""
+        model, tok = self.model, self.model.tokenizer
+        h = _mix(self.ids[-3:] + [len(self.ids) % 7])
+        mid_char = _ends_mid_character(bytes(self.data[-4:]))
+        candidates: list[int] = []
+        follow = self.induction()
+        if follow is not None and follow != tok.eos_id and (mid_char or h % model.deviate_every):
+            candidates.append(follow)
+        text_end = bytes(self.data[-1:])
+        if not mid_char and len(self.ids) > 2 and text_end in (b"\n", b".") and h % model.eos_every == 0:
+            candidates.insert(0, tok.eos_id)
+        start = h % len(model.free_choices)
+        candidates += model.free_choices[start:] + model.free_choices[:start]
+        if mid_char:
+            candidates += model.completions
+        top: list[tuple[int, float]] = []
+        for c in candidates:
+            if c in (t for t, _ in top):
+                continue
+            if c != tok.eos_id and not self._acceptable(c):
+                continue
+            lp = -(0.01 + (h % 50) / 100.0) if not top else top[0][1] - 1.0 - (h % 7) / 10.0
+            top.append((c, lp))
+            if len(top) == 2:
+                break
+        return top[0], top[1]
+
+    def _acceptable(self, token: int) -> bool:
+        tok = self.model.tokenizer
+        raw = tok.token_bytes(token)
+        if not _valid_utf8_prefix(_incomplete_tail(bytes(self.data[-4:])) + raw):
+            return False
+        # Canonical: re-tokenizing the tail (from a token boundary far enough
+        # back that no longest match can reach across it) gives the same ids.
+        k, width = len(self.ids), 0
+        while k > 0 and width < tok.max_token_bytes:
+            k -= 1
+            width += len(tok.token_bytes(self.ids[k]))
+        window = self.ids[k:] + [token]
+        return tok.encode_bytes(b"".join(tok.token_bytes(t) for t in window)) == window
+
+
+class FakeModel:
+    """A greedy 'model' over fake token ids. Deterministic, no randomness."""
+
+    def __init__(self, tokenizer: FakeTokenizer | None = None, *, deviate_every: int = 9, eos_every: int = 31) -> None:
+        self.tokenizer = tokenizer or FakeTokenizer()
+        self.deviate_every = deviate_every
+        self.eos_every = eos_every
+        tok = self.tokenizer
+        whole = [i for i, raw in enumerate(tok.vocab) if len(raw) > 1 and _valid_utf8_prefix(raw) and not _ends_mid_character(raw)]
+        ascii_printable = [i for i in range(32, 127)]
+        self.free_choices = whole + ascii_printable + [10]
+        self.completions = [i for i, raw in enumerate(tok.vocab) if not _valid_whole(raw)]
+
+    def state(self, ids: Iterable[int]) -> _State:
+        st = _State(self)
+        for t in ids:
+            st.append(t)
+        return st
+
+
+def _valid_whole(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+# --------------------------------------------------------------------------- server
+
+
+@dataclass
+class FakeTarget:
+    """The fake server: an httpx handler (for respx / MockTransport) and a
+    real HTTP server for subprocess tests.
+
+    ``echo``: "yes" (supported), "refuse" (HTTP 400 like OpenAI), or
+    "ignore" (silently returns no echo, like some servers).
+    ``latency`` / ``decode_s`` / ``prefill_s`` simulate costs in the async
+    handler, so policy and cancellation tests have something to measure.
+    """
+
+    model_name: str = "fake-model"
+    echo: str = "yes"
+    latency: float = 0.0
+    decode_s: float = 0.0
+    prefill_s: float = 0.0
+    api_key: str | None = None
+    model: FakeModel = field(default_factory=FakeModel)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def tokenizer(self) -> FakeTokenizer:
+        return self.model.tokenizer
+
+    # -- the model as a plain greedy generator (what a plain call returns) --
+
+    def generate(self, prompt: str, max_tokens: int = 16, stop: list[str] | None = None) -> tuple[str, str, list[int]]:
+        """(text, finish_reason, generated ids) exactly as a plain call returns them."""
+        prompt_ids = self.tokenizer.encode(prompt)
+        st = self.model.state(prompt_ids)
+        out: list[int] = []
+        text, finish = "", "length"
+        while len(out) < max_tokens:
+            (token, _), _ = st.ranked()
+            out.append(token)
+            if token == self.tokenizer.eos_id:
+                finish = "stop"
+                break
+            st.append(token)
+            new_text = self.tokenizer.decode(out)
+            cut = _find_stop(new_text, len(new_text) - len(text), stop or [])
+            text = new_text
+            if cut is not None:
+                text, finish = text[:cut], "stop"
+                break
+        return text, finish, out
+
+    # -- HTTP ---------------------------------------------------------------
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        status, payload, stream_chunks = self._dispatch(request.method, request.url.path, request.headers, request.content)
+        if stream_chunks is not None:
+            body = "".join(f"data: {json.dumps(c)}\n\n" for c in stream_chunks) + "data: [DONE]\n\n"
+            return httpx.Response(status, content=body.encode(), headers={"content-type": "text/event-stream"})
+        return httpx.Response(status, json=payload)
+
+    async def handle_async(self, request: httpx.Request) -> httpx.Response:
+        response = self.handle(request)
+        delay = self._simulated_seconds()
+        if delay:
+            await asyncio.sleep(delay)
+        return response
+
+    def _simulated_seconds(self) -> float:
+        if not self.requests:
+            return self.latency
+        last = self.requests[-1]
+        return self.latency + self.decode_s * last.get("_generated", 0) + self.prefill_s * last.get("_prefilled", 0)
+
+    def _error(self, status: int, message: str, kind: str) -> tuple[int, dict, None]:
+        return status, {"error": {"message": message, "type": kind, "code": status}}, None
+
+    def _dispatch(self, method: str, path: str, headers: Any, content: bytes) -> tuple[int, dict, list | None]:
+        if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
+            return self._error(401, "Invalid API key.", "AuthenticationError")
+        if method == "GET" and path.endswith("/models"):
+            return 200, {"object": "list", "data": [{"id": self.model_name, "object": "model"}]}, None
+        if method != "POST" or not path.endswith("/completions") or path.endswith("/chat/completions"):
+            return self._error(404, f"Not Found: {path}", "NotFoundError")
+        try:
+            body = json.loads(content or b"{}")
+        except ValueError:
+            return self._error(400, "Invalid JSON body.", "BadRequestError")
+        if body.get("model") != self.model_name:
+            return self._error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        if body.get("echo") and self.echo == "refuse":
+            return self._error(400, "echo is not supported for this model", "BadRequestError")
+        return self._complete(body)
+
+    def _complete(self, body: dict) -> tuple[int, dict, list | None]:
+        tok = self.tokenizer
+        prompt = body.get("prompt", "")
+        if not isinstance(prompt, str):
+            return self._error(400, "prompt must be a string", "BadRequestError")
+        max_tokens = int(body.get("max_tokens", 16))
+        stop = body.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        logprobs = body.get("logprobs")
+        echo = bool(body.get("echo")) and self.echo == "yes"
+        text, finish, out = self.generate(prompt, max_tokens, stop)
+        prompt_ids = tok.encode(prompt)
+        record = dict(body, _generated=len(out), _prefilled=len(prompt_ids) if echo else 0)
+        self.requests.append(record)
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out), "total_tokens": len(prompt_ids) + len(out)}
+        if body.get("stream"):
+            return 200, {}, self._stream_chunks(out, text, finish, usage, body)
+        choice: dict[str, Any] = {"index": 0, "text": (prompt + text) if echo else text, "finish_reason": finish, "logprobs": None}
+        if logprobs is not None:
+            choice["logprobs"] = self._logprobs(prompt_ids if echo else [], out, prompt_ids)
+        return 200, {"id": "cmpl-fake", "object": "text_completion", "model": self.model_name, "choices": [choice], "usage": usage}, None
+
+    def _logprobs(self, echoed: list[int], generated: list[int], prompt_ids: list[int]) -> dict:
+        tok = self.tokenizer
+        st = self.model.state([])
+        tokens, token_lps, tops, offsets = [], [], [], []
+        offset = 0
+
+        def add(token: int, ranked: tuple | None) -> None:
+            nonlocal offset
+            text = tok.token_text(token)
+            tokens.append(text)
+            offsets.append(offset)
+            offset += len(text)
+            if ranked is None:
+                token_lps.append(None)
+                tops.append(None)
+                return
+            (t1, lp1), (t2, lp2) = ranked
+            own = lp1 if token == t1 else lp2 if token == t2 else lp2 - 3.0 - (token % 5) / 10.0
+            token_lps.append(own)
+            # vLLM builds the dict from ids, then decodes keys: colliding
+            # strings keep the later entry.  The chosen token goes in last.
+            top = {tok.token_text(t1): lp1}
+            top[text] = own
+            tops.append(top)
+
+        for i, token in enumerate(echoed):
+            add(token, st.ranked() if i else None)
+            st.append(token)
+        if not echoed:
+            st = self.model.state(prompt_ids)
+        for token in generated:
+            add(token, st.ranked())
+            st.append(token)
+        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+    def _stream_chunks(self, out: list[int], text: str, finish: str, usage: dict, body: dict) -> list[dict]:
+        chunks, sent = [], ""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        decoded = ""
+        for token in out:
+            # The incremental decoder holds back incomplete characters, as
+            # vLLM's detokenizer does; stop truncation caps what is visible.
+            decoded += decoder.decode(self.tokenizer.token_bytes(token))
+            visible = text[: len(decoded)]
+            if len(visible) > len(sent):
+                chunks.append(self._chunk(visible[len(sent) :], None))
+                sent = visible
+        if len(text) > len(sent):
+            chunks.append(self._chunk(text[len(sent) :], None))
+        last = self._chunk("", finish)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            last["usage"] = usage
+        chunks.append(last)
+        return chunks
+
+    def _chunk(self, text: str, finish: str | None) -> dict:
+        return {"id": "cmpl-fake", "object": "text_completion", "model": self.model_name,
+                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+
+    # -- a real HTTP server, for subprocess tests and demos ------------------
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+        """Start serving in a daemon thread; returns the server (``server_address`` has the port)."""
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _run(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                status, payload, chunks = fake._dispatch(self.command, self.path, self.headers, self.rfile.read(length))
+                if chunks is not None:
+                    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+                    data, ctype = body.encode(), "text/event-stream"
+                else:
+                    data, ctype = json.dumps(payload).encode(), "application/json"
+                self.send_response(status)
+                self.send_header("content-type", ctype)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _run
+
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                pass
+
+        server = ThreadingHTTPServer((host, port), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+
+def _find_stop(text: str, new_chars: int, stop: list[str]) -> int | None:
+    """vLLM's rule: after each token, look for each stop string (in order)
+    in the tail that the new characters could complete."""
+    for s in stop:
+        if not s:
+            continue
+        index = text.find(s, max(0, len(text) - new_chars - len(s) + 1))
+        if index != -1:
+            return index
+    return None
+
+
+def main() -> None:  # pragma: no cover - exercised by the CLI subprocess tests
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Serve the deterministic fake target over HTTP.")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--model", default="fake-model")
+    parser.add_argument("--echo", choices=["yes", "refuse", "ignore"], default="yes")
+    args = parser.parse_args()
+    server = FakeTarget(model_name=args.model, echo=args.echo).serve(port=args.port)
+    print(f"fake target on http://127.0.0.1:{server.server_address[1]}/v1", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,138 @@
+"""Verification by concurrent continuations at several draft offsets.
+
+Request *i* continues ``context + draft[:offsets[i]]`` for a few tokens, all
+requests at once.  A server with a prefix cache and batching (vLLM, SGLang,
+hosted APIs) serves them for little more than one.  The chain:
+
+* request 0 continues the context itself, so its output is target text;
+* request *i+1* stands on the target's path if request *i*'s output equals
+  the draft up to ``offsets[i+1]`` **and ends a token exactly there** (the
+  token-boundary rule of ``_tokens``);
+* the first request whose output leaves the draft ends the chain, and its
+  whole output is still target text.
+
+As soon as a finished request breaks the chain, the requests after it are
+useless, so they are cancelled while still in flight.
+
+With ``offsets == [0]`` this is a plain continuation of the context: the
+"plain" strategy is the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from .._exceptions import TargetResponseError
+from .._target import Completion, TargetAPI
+from .._tokens import Unit
+from .base import Plan, Verdict, add_usage, complete_units
+
+
+def units_through(units: list[Unit], draft: str, start: int, end: int) -> list[Unit] | None:
+    """The leading units that spell ``draft[start:end]`` exactly, ending on a
+    unit boundary at ``end``; None when the output leaves the draft first."""
+    taken: list[Unit] = []
+    pos = start
+    for unit in units:
+        if pos == end:
+            return taken
+        if pos + len(unit.text) > end or not draft.startswith(unit.text, pos):
+            return None
+        taken.append(unit)
+        pos += len(unit.text)
+    return taken if pos == end else None
+
+
+def likely_boundaries(draft: str, width: int, segment: int) -> list[int]:
+    """Offsets near ``segment, 2*segment, ...`` where a token probably ends.
+
+    In BPE vocabularies a word usually carries its leading space, so the
+    position just before a space or newline (after a non-space) is a likely
+    boundary.  A wrong guess costs only that branch: the chain stops there.
+    """
+    offsets = [0]
+    for k in range(1, width):
+        target = k * segment
+        if target >= len(draft):
+            break
+        best = None
+        for delta in range(0, segment // 2 + 1):
+            for p in (target - delta, target + delta):
+                if offsets[-1] < p < len(draft) and draft[p] in " \n\t" and not draft[p - 1].isspace():
+                    best = p
+                    break
+            if best is not None:
+                break
+        if best is not None and best > offsets[-1]:
+            offsets.append(best)
+    return offsets
+
+
+class FanoutVerifier:
+    name = "fanout"
+
+    def __init__(self, api: TargetAPI) -> None:
+        self.api = api
+
+    async def verify(self, context: str, draft: str, plan: Plan) -> Verdict:
+        started = time.perf_counter()
+        segment = max(1, len(draft) // max(1, plan.width))
+        offsets = likely_boundaries(draft, plan.width, segment) if draft else [0]
+        results: list[Completion | None] = [None] * len(offsets)
+        tasks = {
+            asyncio.ensure_future(
+                self.api.complete(context + draft[:o], max_tokens=plan.tokens_per_request, logprobs=1)
+            ): i
+            for i, o in enumerate(offsets)
+        }
+        broken = len(offsets) - 1  # the last request ends the chain anyway
+        cancelled = 0
+        try:
+            pending = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    i = tasks[task]
+                    results[i] = task.result()
+                    units = results[i].units
+                    if i < broken and (units is None or units_through(units, draft, offsets[i], offsets[i + 1]) is None):
+                        broken = i
+                useless = {t for t in pending if tasks[t] > broken}
+                for task in useless:
+                    task.cancel()
+                cancelled += len(useless)
+                pending -= useless
+                if all(results[i] is not None for i in range(broken + 1)):
+                    break
+        finally:
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        verdict = Verdict([], calls=len(offsets), cancelled=cancelled)
+        for r in results:
+            if r is not None:
+                add_usage(verdict.usage, r.usage)
+        for i in range(broken + 1):
+            r = results[i]
+            if r is None or r.units is None:
+                raise TargetResponseError("the server sent no logprobs for generated tokens")
+            if i < broken:
+                verdict.units += units_through(r.units, draft, offsets[i], offsets[i + 1]) or []
+                continue
+            verdict.draft_units = len(verdict.units)
+            tail = complete_units(r.units)
+            # Whatever of the tail still follows the draft counts as accepted draft.
+            pos = offsets[i]
+            for unit in tail:
+                if not draft.startswith(unit.text, pos) or not unit.text:
+                    break
+                verdict.draft_units += 1
+                pos += len(unit.text)
+            verdict.units += tail
+            verdict.eos = r.eos and len(tail) == len(r.units)
+        verdict.proposed_units = max(verdict.draft_units, round(len(draft) / 4))
+        verdict.seconds = time.perf_counter() - started
+        return verdict
