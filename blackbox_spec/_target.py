@@ -228,9 +228,11 @@ class TargetAPI:
                 if response.status_code >= 400:
                     await response.aread()
                     raise self._http_error(response)
+                seen_data = False
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
+                    seen_data = True
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         break
@@ -245,6 +247,8 @@ class TargetAPI:
                             yield choice["text"]
                         if choice.get("finish_reason"):
                             end.finish_reason = choice["finish_reason"]
+                if not seen_data:
+                    raise TargetResponseError(self._fail(f"{self.base_url} did not answer with a server-sent event stream"))
         except httpx.TimeoutException:
             raise TargetConnectionError(self._fail(f"stream from {self.base_url} timed out")) from None
         except httpx.HTTPError as exc:

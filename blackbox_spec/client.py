@@ -131,8 +131,6 @@ class SpecClient:
                 raise
             plain = await self.api.complete("Hello", max_tokens=2)
             logprobs = False
-        except TargetResponseError:
-            plain, logprobs = None, False
         try:
             echoed = await self.api.complete("Hello", max_tokens=1, logprobs=1, echo=True)
             echo = echoed.echoed and bool(echoed.prompt_units)
@@ -142,7 +140,7 @@ class SpecClient:
             echo = False
         except TargetResponseError:
             echo = False
-        self.capabilities = Capabilities(echo=echo, logprobs=logprobs, round_trip_s=plain.elapsed if plain else 0.0)
+        self.capabilities = Capabilities(echo=echo, logprobs=logprobs, round_trip_s=plain.elapsed)
         return self.capabilities
 
     # -- generation ---------------------------------------------------------------

@@ -144,7 +144,16 @@ async def speculate(
         # 6. Learn: the drafter sees the new text, the policy the costs.
         drafter.update("".join(u.text for u in accepted), draft, draft_chars)
         policy.observe(plan, verdict, len(draft), draft_chars)
-        plain_next = verdict.plain_next or (not verdict.units and not verdict.eos)
+        plain_next = verdict.plain_next
+        if not verdict.units and not verdict.eos and out.finish_reason is None:
+            if plan.strategy == "plain":
+                # Even a plain continuation produced no whole character (the
+                # budget is too small to finish one): let the server render it.
+                await _finish_plainly(api, out, stats)
+                piece = out.flush(final=True)
+                if piece:
+                    yield piece
+            plain_next = True
     piece = out.flush(final=True)
     if piece:
         yield piece

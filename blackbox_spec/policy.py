@@ -108,7 +108,8 @@ class Policy:
         return Plan("fanout", draft_chars=draft, width=width, tokens_per_request=min(per_request, remaining))
 
     def plain(self, remaining: int) -> Plan:
-        return Plan("plain", tokens_per_request=max(1, min(self.plain_chunk, remaining)))
+        # At least 4 tokens, so that a character spread over byte tokens completes.
+        return Plan("plain", tokens_per_request=max(1, min(max(4, self.plain_chunk), remaining)))
 
     def observe(self, plan: Plan, verdict: Verdict, drafted_chars: int, accepted_draft_chars: int) -> None:
         tokens = count_tokens(verdict.units)

