@@ -13,7 +13,17 @@ port=${PORT:-8765}
 python -m blackbox_spec.testing --port "$port" --decode-ms 20 --prefill-ms 0.3 --latency-ms 5 --deviate-every 60 &
 server=$!
 trap 'kill $server 2>/dev/null' EXIT
-for _ in $(seq 50); do curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break; sleep 0.2; done
+python - "$port" <<'PY'  # wait until the server answers (10 s at most)
+import sys, time, httpx
+for _ in range(50):
+    try:
+        httpx.get(f"http://127.0.0.1:{sys.argv[1]}/v1/models", timeout=1).raise_for_status()
+        break
+    except httpx.HTTPError:
+        time.sleep(0.2)
+else:
+    sys.exit("demo: the fake target did not start")
+PY
 echo "== bspec run (speculative, live) =="
 bspec run examples/prompts/edit.txt --base-url "http://127.0.0.1:$port/v1" --max-tokens 200
 echo "== plain vs speculative, same server, interleaved =="

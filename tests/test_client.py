@@ -23,7 +23,7 @@ from blackbox_spec import (
 )
 from blackbox_spec.testing import FakeTarget
 
-from .conftest import API_KEY, BASE_URL, PROMPTS, client_for, mount
+from .conftest import API_KEY, BASE_URL, PROMPTS, client_for
 
 
 async def test_stream_yields_what_generate_returns(served):
