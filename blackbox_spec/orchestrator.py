@@ -149,10 +149,8 @@ async def speculate(
             if plan.strategy == "plain":
                 # Even a plain continuation produced no whole character (the
                 # budget is too small to finish one): let the server render it.
+                # The loop then ends and the final flush below emits it.
                 await _finish_plainly(api, out, stats)
-                piece = out.flush(final=True)
-                if piece:
-                    yield piece
             plain_next = True
     piece = out.flush(final=True)
     if piece:
