@@ -32,6 +32,9 @@ class GenerationStats:
     strategy_rounds: dict[str, int] = field(default_factory=dict)
     finish_reason: str | None = None
     notes: list[str] = field(default_factory=list)
+    # One entry per round: [strategy, drafted chars, accepted draft tokens,
+    # tokens gained, seconds]; what the policy saw, for benchmarks and plots.
+    trace: list[list] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float:
@@ -51,6 +54,15 @@ class GenerationStats:
         self.cancelled_calls += cancelled
         self.verify_s += seconds
         self.strategy_rounds[strategy] = self.strategy_rounds.get(strategy, 0) + 1
+
+    def observe_draft(self, *, drafted_tokens: int, accepted_tokens: int, drafted_chars: int, accepted_chars: int, output_tokens: int, usage) -> None:
+        self.drafted_tokens += drafted_tokens
+        self.accepted_tokens += accepted_tokens
+        self.drafted_chars += drafted_chars
+        self.accepted_chars += accepted_chars
+        self.output_tokens += output_tokens
+        self.prompt_tokens_billed += usage.prompt_tokens
+        self.completion_tokens_billed += usage.completion_tokens
 
     def note(self, message: str) -> None:
         if message not in self.notes:

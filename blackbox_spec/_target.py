@@ -62,6 +62,14 @@ class Completion:
 
 
 @dataclass
+class StreamPiece:
+    """Text from one stream chunk, with its token strings when logprobs were asked."""
+
+    text: str
+    tokens: list[str] | None = None
+
+
+@dataclass
 class StreamEnd:
     finish_reason: str | None
     usage: Usage = field(default_factory=Usage)
@@ -212,15 +220,19 @@ class TargetAPI:
         return completion
 
     async def stream(
-        self, prompt: str, *, max_tokens: int, stop: list[str] | None = None
-    ) -> AsyncIterator[str | StreamEnd]:
-        """Plain streaming completion: yields text pieces, then a :class:`StreamEnd`."""
+        self, prompt: str, *, max_tokens: int, stop: list[str] | None = None, logprobs: int | None = None
+    ) -> AsyncIterator[StreamPiece | StreamEnd]:
+        """Plain streaming completion: yields :class:`StreamPiece` s, then a
+        :class:`StreamEnd`.  Closing the iterator early closes the connection,
+        which makes vLLM and llama.cpp abort the request."""
         body: dict[str, Any] = {
             "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True},
         }
         if stop:
             body["stop"] = stop
+        if logprobs is not None:
+            body["logprobs"] = logprobs
         self.calls += 1
         end = StreamEnd(None)
         try:
@@ -243,8 +255,11 @@ class TargetAPI:
                     if chunk.get("usage"):
                         end.usage = Usage(int(chunk["usage"].get("prompt_tokens") or 0), int(chunk["usage"].get("completion_tokens") or 0))
                     for choice in chunk.get("choices") or []:
-                        if choice.get("text"):
-                            yield choice["text"]
+                        tokens = None
+                        if logprobs is not None:
+                            tokens, _, _ = _logprob_lists(choice.get("logprobs"))
+                        if choice.get("text") or tokens:
+                            yield StreamPiece(choice.get("text") or "", tokens)
                         if choice.get("finish_reason"):
                             end.finish_reason = choice["finish_reason"]
                 if not seen_data:

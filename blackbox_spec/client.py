@@ -22,7 +22,7 @@ from ._stats import GenerationResult, GenerationStats
 from ._target import TargetAPI, resolve_settings
 from .drafters import Drafter, NGramDrafter
 from .orchestrator import Output, decode_plainly, speculate
-from .policy import Policy
+from .policy import Policy, ServerCosts
 from .verifiers import EchoVerifier, FanoutVerifier
 
 STRATEGIES = ("auto", "echo", "fanout", "plain")
@@ -77,7 +77,7 @@ class SpecClient:
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: float = 600.0,
         fanout_width: int = 4,
-        max_draft_chars: int = 2048,
+        max_draft_chars: int = 4096,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ConfigurationError(f"unknown strategy {strategy!r}; choose from: {', '.join(STRATEGIES)}")
@@ -91,6 +91,7 @@ class SpecClient:
         self.max_draft_chars = max_draft_chars
         self.api = TargetAPI(url, key, model, http_client=http_client, transport=transport, timeout=timeout)
         self.capabilities: Capabilities | None = None
+        self.costs: ServerCosts | None = None  # measured server costs, kept across generations
 
     def __repr__(self) -> str:
         return f"SpecClient(base_url={self.api.base_url!r}, model={self.api.model!r}, strategy={self.strategy!r})"
@@ -131,9 +132,11 @@ class SpecClient:
                 raise
             plain = await self.api.complete("Hello", max_tokens=2)
             logprobs = False
+        echo_s = None
         try:
             echoed = await self.api.complete("Hello", max_tokens=1, logprobs=1, echo=True)
             echo = echoed.echoed and bool(echoed.prompt_units)
+            echo_s = echoed.elapsed
         except TargetHTTPError as exc:
             if exc.status_code not in _REFUSALS:
                 raise
@@ -141,6 +144,7 @@ class SpecClient:
         except TargetResponseError:
             echo = False
         self.capabilities = Capabilities(echo=echo, logprobs=logprobs, round_trip_s=plain.elapsed)
+        self.costs = ServerCosts(plain.elapsed, echo_s)
         return self.capabilities
 
     # -- generation ---------------------------------------------------------------
@@ -195,9 +199,9 @@ class SpecClient:
             async for piece in decode_plainly(self.api, out, stats):
                 yield piece
             return
-        policy = Policy(available, forced=forced, fanout_width=self.fanout_width, max_draft_chars=self.max_draft_chars)
-        fanout = FanoutVerifier(self.api)
-        verifiers = {"echo": EchoVerifier(self.api), "fanout": fanout, "plain": fanout}
+        policy = Policy(available, self.costs, forced=forced, fanout_width=self.fanout_width, max_draft_chars=self.max_draft_chars)
+        policy.context_tokens = len(out.prompt) / policy.chars_per_token
+        verifiers = {"echo": EchoVerifier(self.api), "fanout": FanoutVerifier(self.api)}
         async for piece in speculate(self.api, drafter, policy, verifiers, out, stats):
             yield piece
 

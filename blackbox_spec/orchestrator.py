@@ -22,9 +22,9 @@ from ._exceptions import TargetHTTPError
 from ._stats import GenerationStats
 from ._stopping import StopScanner
 from ._target import StreamEnd, TargetAPI
-from ._tokens import Unit
+from ._tokens import Unit, align_tokens, count_tokens
 from .drafters.base import Drafter
-from .policy import Policy
+from .policy import Policy, draft_kind
 from .verifiers.base import Verifier
 from .verifiers.echo import EchoUnsupported
 
@@ -96,15 +96,22 @@ async def speculate(
     drafter.start(out.prompt)
     plain_next = False
     while out.finish_reason is None:
-        # 1. Plan the round from what has been measured so far.
-        plan = policy.plan(plain_next=plain_next, remaining=out.remaining)
-
-        # 2. Draft locally.
+        # 1. Draft locally.
         started = time.perf_counter()
-        draft = drafter.propose(plan.draft_chars) if plan.draft_chars else ""
+        draft = drafter.propose(policy.max_draft_chars)
+        match = getattr(drafter, "last_match", 0)
         stats.draft_s += time.perf_counter() - started
-        if not draft and plan.strategy != "plain":
-            plan = policy.plain(out.remaining)  # nothing to check: just continue
+
+        # 2. Plan from what has been measured: check the draft, and how, or not.
+        plan = policy.plan(draft, match, plain_next=plain_next, remaining=out.remaining)
+        plain_next = False
+        if plan.strategy == "plain":
+            # Nothing worth checking: the target streams plainly until a
+            # draft shows up that would pay (or the text ends).
+            async for piece in _stream_plainly(api, drafter, policy, out, stats):
+                yield piece
+            continue
+        draft = draft[: plan.draft_chars]
 
         # 3. Verify the draft with the target.
         try:
@@ -126,15 +133,14 @@ async def speculate(
             await _finish_plainly(api, out, stats)
         accepted = verdict.units[:taken]
         accepted_draft = accepted[: verdict.draft_units]
-        stats.observe_round(plan.strategy, calls=verdict.calls, cancelled=verdict.cancelled, seconds=verdict.seconds)
-        stats.output_tokens += sum(u.tokens for u in accepted)
-        stats.drafted_tokens += verdict.proposed_units
-        stats.accepted_tokens += sum(u.tokens for u in accepted_draft)
-        stats.drafted_chars += len(draft)
         draft_chars = sum(len(u.text) for u in accepted_draft)
-        stats.accepted_chars += draft_chars
-        stats.prompt_tokens_billed += verdict.usage.prompt_tokens
-        stats.completion_tokens_billed += verdict.usage.completion_tokens
+        stats.observe_round(plan.strategy, calls=verdict.calls, cancelled=verdict.cancelled, seconds=verdict.seconds)
+        stats.observe_draft(
+            drafted_tokens=verdict.proposed_units, accepted_tokens=sum(u.tokens for u in accepted_draft),
+            drafted_chars=len(draft), accepted_chars=draft_chars, output_tokens=sum(u.tokens for u in accepted),
+            usage=verdict.usage,
+        )
+        stats.trace.append([plan.strategy, len(draft), sum(u.tokens for u in accepted_draft), sum(u.tokens for u in accepted), round(verdict.seconds, 3)])
 
         # 5. Emit what can no longer be retracted.
         piece = out.flush()
@@ -143,19 +149,98 @@ async def speculate(
 
         # 6. Learn: the drafter sees the new text, the policy the costs.
         drafter.update("".join(u.text for u in accepted), draft, draft_chars)
-        policy.observe(plan, verdict, len(draft), draft_chars)
+        policy.observe(plan, verdict, draft_kind(match), verdict.usage.prompt_tokens)
         plain_next = verdict.plain_next
-        if not verdict.units and not verdict.eos and out.finish_reason is None:
-            if plan.strategy == "plain":
-                # Even a plain continuation produced no whole character (the
-                # budget is too small to finish one): let the server render it.
-                # The loop then ends and the final flush below emits it.
-                await _finish_plainly(api, out, stats)
+        if not verdict.units and not verdict.eos:
             plain_next = True
     piece = out.flush(final=True)
     if piece:
         yield piece
     stats.finish_reason = out.finish_reason
+
+
+async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
+    """One plain streamed continuation of the context, cut off as soon as the
+    policy says checking a draft would be faster.
+
+    Streamed tokens are the target's own, so they are accepted as they
+    arrive, up to the last complete unit (``align_tokens(partial=True)``).
+    If the stream runs to its end, whatever the server sent is taken as is:
+    it *is* a plain call from this context.
+    """
+    started = time.perf_counter()
+    stream = api.stream(out.context, max_tokens=out.remaining, logprobs=1)
+    text, tokens = "", []
+    used_chars = used_tokens = 0
+    first_at: float | None = None
+    end: StreamEnd | None = None
+    interrupted = split = opaque_tail = False
+    try:
+        async for item in stream:
+            if isinstance(item, StreamEnd):
+                end = item
+                break
+            first_at = first_at or time.perf_counter()
+            text += item.text
+            if item.tokens is None:
+                # Text without token strings (a server that streams no
+                # logprobs, or a final flush): no safe cut is known after
+                # it, so the stream now runs to its end.
+                opaque_tail = True
+                continue
+            if opaque_tail:
+                continue
+            tokens += item.tokens
+            units = align_tokens(text[used_chars:], tokens[used_tokens:], partial=True)
+            if not units:
+                continue
+            taken, split = out.take(units)
+            new = units[:taken]
+            new_text = "".join(u.text for u in new)
+            used_chars += len(new_text)
+            used_tokens += count_tokens(new)
+            drafter.update(new_text, "", 0)
+            policy.observe_text(len(new_text), count_tokens(new))
+            piece = out.flush()
+            if piece:
+                yield piece
+            if out.finish_reason or split:
+                break
+            if used_tokens >= 4:
+                policy.costs.live_per_token = (time.perf_counter() - first_at) / (used_tokens - 1)
+                if policy.interrupt(drafter.propose(policy.max_draft_chars), getattr(drafter, "last_match", 0)):
+                    interrupted = True
+                    break
+    finally:
+        await stream.aclose()
+        policy.costs.live_per_token = None
+    if split:
+        await _finish_plainly(api, out, stats)
+    elif end is not None and out.finish_reason is None:
+        # The stream ran to its end: the rest of its text is the server's own
+        # rendering of a plain call (a cut inside a character included).
+        rest = text[used_chars:]
+        billed = end.usage.completion_tokens
+        extra = max(0, (billed or len(tokens)) - used_tokens)
+        out.tokens += extra
+        used_tokens += extra
+        out.add_text(rest)
+        drafter.update(rest, "", 0)
+        if out.finish_reason is None:
+            out.finish_reason = end.finish_reason or "length"
+        piece = out.flush()
+        if piece:
+            yield piece
+    seconds = time.perf_counter() - started
+    stats.observe_round("plain", calls=1, cancelled=int(interrupted), seconds=seconds)
+    stats.output_tokens += used_tokens
+    if end is not None:
+        stats.prompt_tokens_billed += end.usage.prompt_tokens
+        stats.completion_tokens_billed += end.usage.completion_tokens
+    else:
+        stats.completion_tokens_billed += used_tokens  # cut off: billed what was generated (about)
+    stats.trace.append(["stream", 0, 0, used_tokens, round(seconds, 3)])
+    policy.observe_stream(used_tokens, seconds)
 
 
 async def decode_plainly(api: TargetAPI, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
@@ -168,7 +253,7 @@ async def decode_plainly(api: TargetAPI, out: Output, stats: GenerationStats) ->
             if isinstance(item, StreamEnd):
                 end = item
                 break
-            out.add_text(item)
+            out.add_text(item.text)
             piece = out.flush()
             if piece:
                 yield piece

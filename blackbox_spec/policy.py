@@ -1,80 +1,168 @@
-"""The policy: which verification strategy, how long a draft, how wide a
-fan-out, decided each round from what has been measured in this run.
+"""The policy: each round, verify a draft (and how) or keep decoding plainly.
 
-Nothing here is assumed about a server.  Each strategy's throughput is the
-target tokens it gained per round over the seconds that round took
-(exponential moving averages, so it follows the text as drafts get better or
-worse).  Every strategy is tried once, the best is used, and the others are
-re-tried now and then, because their relative cost changes with context
-length (echo re-reads the whole context; fan-out pays per branch).
+Nothing about a server is assumed.  Its costs are *measured* as the
+generation runs and fitted as straight lines (:class:`LinearCost`):
 
-"plain" (continue the context with no draft) is always a candidate, which is
-what keeps speculation from being slower than plain decoding: when drafts
-stop paying, plain wins the comparison, and its chunks grow so that the extra
-round trips fade.
+* plain streaming: seconds ≈ first-token latency + per-token decode time;
+* echo verification: seconds ≈ fixed + per-prompt-token time, because vLLM
+  re-reads the *whole* context for prompt logprobs (no prefix cache);
+* fan-out of ``w`` requests × ``m`` tokens: seconds per round, per width.
+
+How good the drafts are is measured too (:class:`RunLengths`): per kind of
+draft (long match, short match, re-aligned after an edit), the expected
+number of draft tokens the target accepts before the first miss.
+
+A speculative round is planned only when its expected rate (target tokens
+gained per second) beats plain streaming by a margin; otherwise the target
+streams plainly, and the stream is cut off as soon as a draft appears that
+would pay.  Priors are optimistic enough that each strategy is tried when a
+strong draft shows up, and measurements replace them after one round, so a
+server where nothing pays (llama-server on two cores) falls back to plain
+streaming after at most a round or two of each.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._tokens import count_tokens
 from .verifiers.base import Plan, Verdict
 
 SPECULATIVE = ("echo", "fanout")
+FANOUT_TOKENS = 16  # tokens per fan-out request
 
 
 @dataclass
-class Throughput:
-    """Moving averages of tokens gained and seconds spent per round."""
+class LinearCost:
+    """``seconds ≈ fixed + per_token × x``, least squares over recent rounds.
 
-    tokens: float = 0.0
-    seconds: float = 0.0
-    rounds: int = 0
-    smoothing: float = 0.35
+    The prior holds until rounds of different sizes have been seen; with
+    one size only, the slope stays and the intercept follows.  Older rounds
+    fade (``decay``) so the fit follows a server whose load changes.
+    """
 
-    def add(self, tokens: int, seconds: float) -> None:
-        if self.rounds == 0:
-            self.tokens, self.seconds = float(tokens), seconds
-        else:
-            a = self.smoothing
-            self.tokens += a * (tokens - self.tokens)
-            self.seconds += a * (seconds - self.seconds)
-        self.rounds += 1
+    fixed: float
+    per_token: float
+    decay: float = 0.85
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # w, wx, wy, wxx, wxy
+    observed: int = 0
+
+    def add(self, x: float, seconds: float) -> None:
+        self._sums = [v * self.decay for v in self._sums]
+        for i, v in enumerate((1.0, x, seconds, x * x, x * seconds)):
+            self._sums[i] += v
+        self.observed += 1
+        w, wx, wy, wxx, wxy = self._sums
+        spread = wxx / w - (wx / w) ** 2  # variance of the sizes seen
+        if spread > 16.0:
+            slope = (wxy / w - wx * wy / w / w) / spread
+            if slope > 0:
+                self.per_token = slope
+        self.fixed = max(0.0, wy / w - self.per_token * wx / w)
+
+    def predict(self, x: float) -> float:
+        return self.fixed + self.per_token * max(0.0, x)
+
+
+class ServerCosts:
+    """What this server's calls cost; shared by all generations of a client.
+
+    Until a kind of call has been measured, its cost is guessed from what
+    has been (prefill about 8x cheaper per token than decoding; batching
+    nearly free): optimistic guesses, so that each strategy gets tried once
+    when a strong draft shows up, and its real cost takes over after that.
+    """
+
+    def __init__(self, round_trip_s: float = 0.1, echo_round_trip_s: float | None = None) -> None:
+        self.stream = LinearCost(round_trip_s, 0.05)
+        self.echo = LinearCost(echo_round_trip_s or round_trip_s, 0.05 / 8)
+        self.fanout: dict[int, LinearCost] = {}
+        self.live_per_token: float | None = None  # from the stream in progress
+
+    def per_token(self) -> float:
+        if self.stream.observed == 0 and self.live_per_token is not None:
+            return self.live_per_token
+        return self.stream.per_token
+
+    def echo_seconds(self, prompt_tokens: float) -> float:
+        if self.echo.observed == 0:
+            return self.echo.fixed + self.per_token() / 8 * prompt_tokens
+        return self.echo.predict(prompt_tokens)
+
+    def fanout_seconds(self, width: int, tokens: int) -> float:
+        cost = self.fanout.get(width)
+        if cost is None or cost.observed == 0:
+            return (self.stream.fixed + self.per_token() * tokens) * (1 + 0.15 * (width - 1))
+        return cost.predict(tokens)
+
+    def observe_fanout(self, width: int, tokens: int, seconds: float) -> None:
+        if width not in self.fanout:
+            self.fanout[width] = LinearCost(seconds * 0.2, seconds * 0.8 / max(1, tokens))
+        self.fanout[width].add(tokens, seconds)
+
+
+@dataclass
+class RunLengths:
+    """Draft tokens accepted before the first miss, per kind of draft.
+
+    A geometric model: per draft token, a miss with probability ``h``,
+    estimated as misses / accepted tokens with a prior of one miss per
+    ``prior_run`` tokens.  A fully accepted draft counts its tokens but no
+    miss (it was cut short, not wrong).
+    """
+
+    prior_run: float
+    accepted: float = 0.0
+    misses: float = 0.0
 
     @property
-    def rate(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else math.inf
+    def hazard(self) -> float:
+        return (1.0 + self.misses) / (self.prior_run + self.accepted)
+
+    def expected(self, draft_tokens: float) -> float:
+        """Expected accepted tokens of a draft this long."""
+        h = min(0.999, self.hazard)
+        return (1 - h) * (1 - (1 - h) ** draft_tokens) / h
+
+    def observe(self, accepted: int, missed: bool) -> None:
+        self.accepted += accepted
+        self.misses += 1.0 if missed else 0.0
+
+
+def draft_kind(match: int, strong: int = 32) -> str:
+    if match < 0:
+        return "resync"
+    return "long" if match >= strong else "short"
 
 
 class Policy:
+    """Chooses each round's strategy from measured costs and acceptance."""
+
     def __init__(
         self,
         strategies: list[str],
+        costs: ServerCosts | None = None,
         *,
         forced: str | None = None,
-        min_draft_chars: int = 16,
-        max_draft_chars: int = 2048,
-        start_draft_chars: int = 96,
         fanout_width: int = 4,
-        plain_chunk: int = 16,
-        max_plain_chunk: int = 256,
-        explore_every: int = 8,
+        max_draft_chars: int = 4096,
+        margin: float = 1.15,
     ) -> None:
         self.strategies = [s for s in strategies if s in SPECULATIVE]
+        self.costs = costs or ServerCosts()
         self.forced = forced
-        self.min_draft_chars = min_draft_chars
+        # Widths to weigh: the one asked for, and 2 (often the sweet spot on
+        # small servers); a forced fan-out uses exactly the width asked for.
+        self.widths = [fanout_width] if forced == "fanout" else sorted({min(2, fanout_width), fanout_width})
         self.max_draft_chars = max_draft_chars
-        self.draft_chars = {s: start_draft_chars for s in SPECULATIVE}
-        self.fanout_width = fanout_width
-        self.start_plain_chunk = plain_chunk
-        self.plain_chunk = plain_chunk
-        self.max_plain_chunk = max_plain_chunk
-        self.explore_every = explore_every
-        self.rates = {s: Throughput() for s in (*SPECULATIVE, "plain")}
-        self.chars_per_token = 4.0
-        self.decisions = 0
+        self.margin = margin
+        self.runs = {"long": RunLengths(150.0), "short": RunLengths(6.0), "resync": RunLengths(24.0)}
+        self.chars_per_token = 3.5
+        self.context_tokens = 0.0
+        self.last: tuple[str, float] = ("plain", 0.0)  # what plan() chose and its expected rate
+
+    # -- measurements -------------------------------------------------------------
 
     def drop(self, strategy: str) -> None:
         """The server refused ``strategy``; never plan it again."""
@@ -83,50 +171,96 @@ class Policy:
         if self.forced == strategy:
             self.forced = None
 
-    def choose(self) -> str:
-        if self.forced in self.strategies or self.forced == "plain":
-            return self.forced  # type: ignore[return-value]
-        candidates = [*self.strategies, "plain"]
-        untried = [s for s in candidates if self.rates[s].rounds == 0]
-        if untried:
-            return untried[0]
-        self.decisions += 1
-        ranked = sorted(candidates, key=lambda s: self.rates[s].rate, reverse=True)
-        if len(ranked) > 1 and self.decisions % self.explore_every == 0:
-            return ranked[1]
-        return ranked[0]
+    def observe_text(self, chars: int, tokens: int) -> None:
+        if tokens > 0:
+            self.chars_per_token += 0.1 * (chars / tokens - self.chars_per_token)
+            self.context_tokens += tokens
 
-    def plan(self, *, plain_next: bool, remaining: int) -> Plan:
-        strategy = "plain" if plain_next else self.choose()
-        if strategy == "plain":
+    def observe_stream(self, tokens: int, seconds: float) -> None:
+        if tokens >= 4:  # too few tokens say more about latency than decode speed
+            self.costs.stream.add(tokens, seconds)
+
+    def observe(self, plan: Plan, verdict: Verdict, draft_kind_: str, prompt_tokens: int) -> None:
+        tokens = count_tokens(verdict.units)
+        accepted_draft = count_tokens(verdict.units[: verdict.draft_units])
+        if plan.strategy == "echo" and prompt_tokens:
+            self.costs.echo.add(prompt_tokens, verdict.seconds)
+            # The echo counted the context exactly: correct our estimate.
+            self.context_tokens = max(0.0, prompt_tokens - verdict.proposed_units - tokens)
+        elif plan.strategy == "fanout":
+            self.costs.observe_fanout(plan.width, plan.tokens_per_request, verdict.seconds)
+        if plan.strategy in SPECULATIVE and verdict.proposed_units:
+            missed = verdict.draft_units < verdict.proposed_units
+            self.runs[draft_kind_].observe(accepted_draft, missed)
+        self.observe_text(sum(len(u.text) for u in verdict.units), tokens)
+
+    # -- decisions ----------------------------------------------------------------
+
+    def stream_rate(self) -> float:
+        return 1.0 / max(1e-6, self.costs.per_token())
+
+    def options(self, draft: str, match: int) -> list[tuple[float, float, Plan]]:
+        """(expected tokens gained, expected seconds, plan) of each way to check ``draft``."""
+        if not draft:
+            return []
+        runs = self.runs[draft_kind(match)]
+        options: list[tuple[float, float, Plan]] = []
+        if "echo" in self.strategies:
+            best = None
+            chars = len(draft)
+            while True:  # shorter drafts too: the context costs the same either way
+                tokens = chars / self.chars_per_token
+                option = (runs.expected(tokens) + 1, self.costs.echo_seconds(self.context_tokens + tokens), Plan("echo", draft_chars=chars, extra_tokens=1))
+                if best is None or _rate(option) > _rate(best):
+                    best = option
+                if chars < 16:
+                    break
+                chars //= 2
+            options.append(best)
+        if "fanout" in self.strategies:
+            m = FANOUT_TOKENS
+            for width in self.widths:
+                chars = min(len(draft), int((width - 1) * m * self.chars_per_token))
+                gain = m + min(runs.expected(chars / self.chars_per_token), (width - 1) * m)
+                seconds = self.costs.fanout_seconds(width, m)
+                options.append((gain, seconds, Plan("fanout", draft_chars=chars, width=width, tokens_per_request=m)))
+        if self.forced:
+            options = [o for o in options if o[2].strategy == self.forced]
+        return options
+
+    def plan(self, draft: str, match: int, *, plain_next: bool, remaining: int) -> Plan:
+        """Verify ``draft`` (a speculative plan) or stream plainly."""
+        if plain_next or not draft or remaining <= 1:
             return self.plain(remaining)
-        draft = self.draft_chars[strategy]
-        if strategy == "echo":
-            return Plan("echo", draft_chars=draft, extra_tokens=1)
-        width = self.fanout_width
-        per_request = math.ceil(draft / width / self.chars_per_token) + 2
-        return Plan("fanout", draft_chars=draft, width=width, tokens_per_request=min(per_request, remaining))
+        options = self.options(draft, match)
+        if options:
+            best = max(options, key=_rate)
+            if self.forced or _rate(best) > self.stream_rate() * self.margin:
+                plan = best[2]
+                plan.tokens_per_request = max(1, min(plan.tokens_per_request, remaining))
+                self.last = (plan.strategy, _rate(best))
+                return plan
+        return self.plain(remaining)
+
+    def interrupt(self, draft: str, match: int) -> bool:
+        """While streaming: would checking ``draft`` now beat the stream,
+        counting the latency of restarting the stream afterwards?"""
+        if not draft or (self.costs.stream.observed == 0 and self.costs.live_per_token is None and not self.forced):
+            return False
+        options = self.options(draft, match)
+        if not options:
+            return False
+        if self.forced:
+            return True
+        restart = self.costs.stream.fixed
+        return max(g / (s + restart) for g, s, _ in options) > self.stream_rate() * self.margin
 
     def plain(self, remaining: int) -> Plan:
-        # At least 4 tokens, so that a character spread over byte tokens completes.
-        return Plan("plain", tokens_per_request=max(1, min(max(4, self.plain_chunk), remaining)))
+        self.last = ("plain", self.stream_rate())
+        return Plan("plain", tokens_per_request=max(1, remaining))
 
-    def observe(self, plan: Plan, verdict: Verdict, drafted_chars: int, accepted_draft_chars: int) -> None:
-        tokens = count_tokens(verdict.units)
-        self.rates[plan.strategy].add(tokens, verdict.seconds)
-        chars = sum(len(u.text) for u in verdict.units)
-        if tokens:
-            self.chars_per_token += 0.2 * (chars / tokens - self.chars_per_token)
-        if plan.strategy == "plain":
-            # Consecutive plain rounds: grow the chunk so round trips fade.
-            self.plain_chunk = min(self.max_plain_chunk, self.plain_chunk * 2)
-            return
-        self.plain_chunk = self.start_plain_chunk
-        if not drafted_chars:
-            return
-        size = self.draft_chars[plan.strategy]
-        if accepted_draft_chars >= drafted_chars:
-            size *= 2
-        elif accepted_draft_chars < drafted_chars / 2:
-            size //= 2
-        self.draft_chars[plan.strategy] = max(self.min_draft_chars, min(self.max_draft_chars, size))
+
+
+def _rate(option: tuple[float, float, Plan]) -> float:
+    gain, seconds, _ = option
+    return gain / max(1e-6, seconds)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from blackbox_spec._tokens import Unit
-from blackbox_spec.policy import Policy
+from blackbox_spec.policy import LinearCost, Policy, RunLengths, ServerCosts
 from blackbox_spec.testing import FakeTarget
 from blackbox_spec.verifiers import Plan, Verdict
 from blackbox_spec.verifiers.fanout import likely_boundaries, units_through
@@ -71,60 +71,75 @@ def verdict(tokens: int, seconds: float) -> Verdict:
     return Verdict([Unit("ab", 1, 2 * i) for i in range(tokens)], seconds=seconds)
 
 
-def test_policy_tries_each_strategy_then_keeps_the_fastest():
-    policy = Policy(["echo", "fanout"], explore_every=100)
-    seen = []
-    for _ in range(3):
-        plan = policy.plan(plain_next=False, remaining=100)
-        seen.append(plan.strategy)
-        speed = {"echo": (10, 1.0), "fanout": (30, 1.0), "plain": (5, 1.0)}[plan.strategy]
-        policy.observe(plan, verdict(*speed), 40, 20)
-    assert seen == ["echo", "fanout", "plain"]
-    assert policy.plan(plain_next=False, remaining=100).strategy == "fanout"
+def test_linear_cost_recovers_a_line_from_noisy_rounds():
+    cost = LinearCost(fixed=1.0, per_token=0.5)  # a bad prior
+    for x in (100, 300, 200, 400, 150, 350):
+        cost.add(x, 0.2 + 0.01 * x)
+    assert abs(cost.per_token - 0.01) < 1e-3
+    assert abs(cost.predict(500) - 5.2) < 0.1
 
 
-def test_policy_falls_back_to_plain_when_drafts_do_not_pay():
-    policy = Policy(["echo"], explore_every=100)
-    for strategy, speed in (("echo", (1, 1.0)), ("plain", (16, 1.0))):
-        plan = policy.plan(plain_next=False, remaining=100)
-        assert plan.strategy == strategy
-        policy.observe(plan, verdict(*speed), 40, 0)
-    assert policy.plan(plain_next=False, remaining=100).strategy == "plain"
+def test_linear_cost_with_one_size_keeps_the_prior_slope():
+    cost = LinearCost(fixed=0.1, per_token=0.05)
+    cost.add(16, 1.0)
+    cost.add(16, 1.0)
+    # One size cannot give a slope: the line moves to pass through what was seen.
+    assert cost.per_token == 0.05
+    assert abs(cost.predict(16) - 1.0) < 1e-9
 
 
-def test_policy_explores_the_runner_up_now_and_then():
-    policy = Policy(["echo"], explore_every=4)
-    policy.observe(Plan("echo"), verdict(10, 1.0), 40, 40)
-    policy.observe(Plan("plain"), verdict(1, 1.0), 0, 0)
-    choices = [policy.choose() for _ in range(8)]
-    assert choices.count("plain") == 2 and choices.count("echo") == 6
+def test_run_lengths_expect_fewer_tokens_after_misses():
+    runs = RunLengths(prior_run=100.0)
+    before = runs.expected(200)
+    runs.observe(accepted=3, missed=True)
+    runs.observe(accepted=5, missed=True)
+    assert runs.expected(200) < before / 2
+    runs.observe(accepted=500, missed=False)  # a long clean copy raises it again
+    assert runs.expected(200) > 50
+    assert runs.expected(0) == 0
 
 
-def test_draft_length_follows_acceptance():
-    policy = Policy(["echo"], start_draft_chars=64, min_draft_chars=16, max_draft_chars=256)
-    policy.observe(Plan("echo"), verdict(5, 1.0), 64, 64)
-    assert policy.draft_chars["echo"] == 128
-    policy.observe(Plan("echo"), verdict(1, 1.0), 128, 10)
-    assert policy.draft_chars["echo"] == 64
-    for _ in range(10):
-        policy.observe(Plan("echo"), verdict(1, 1.0), 64, 0)
-    assert policy.draft_chars["echo"] == 16
+def _policy(**costs) -> Policy:
+    server = ServerCosts(round_trip_s=0.1)
+    server.stream.add(64, costs.get("stream", 0.1 + 64 * 0.06))
+    server.stream.add(128, 0.1 + 128 * 0.06)
+    policy = Policy(["echo", "fanout"], server)
+    policy.context_tokens = costs.get("context", 300)
+    return policy
 
 
-def test_plain_chunks_grow_and_respect_the_budget():
-    policy = Policy([])
-    sizes = []
-    for _ in range(6):
-        plan = policy.plain(remaining=1000)
-        sizes.append(plan.tokens_per_request)
-        policy.observe(plan, verdict(plan.tokens_per_request, 1.0), 0, 0)
-    assert sizes == sorted(sizes) and sizes[-1] > sizes[0]
-    assert policy.plain(remaining=3).tokens_per_request == 3
+def test_policy_checks_a_long_strong_draft_and_streams_without_one():
+    policy = _policy()
+    assert policy.plan("x" * 2000, 200, plain_next=False, remaining=500).strategy in ("echo", "fanout")
+    policy.drop("fanout")
+    assert policy.plan("x" * 2000, 200, plain_next=False, remaining=500).strategy == "echo"
+    assert policy.plan("", 0, plain_next=False, remaining=500).strategy == "plain"
+    assert policy.plan("x" * 2000, 200, plain_next=True, remaining=500).strategy == "plain"
+    # A three-character match in free text rarely continues: not worth a call.
+    assert policy.plan("x" * 40, 3, plain_next=False, remaining=500).strategy == "plain"
+
+
+def test_policy_learns_that_echo_is_too_slow_here():
+    policy = _policy(context=300)
+    policy.drop("fanout")
+    plan = policy.plan("x" * 2000, 200, plain_next=False, remaining=500)
+    assert plan.strategy == "echo"
+    for n in (400, 600, 800):  # measured: 40 ms per context token, worse than decoding
+        policy.costs.echo.add(n, 0.04 * n)
+    assert policy.plan("x" * 2000, 200, plain_next=False, remaining=500).strategy == "plain"
+
+
+def test_policy_interrupts_a_stream_only_for_a_draft_that_pays():
+    policy = _policy()
+    assert policy.interrupt("x" * 2000, 200)
+    assert not policy.interrupt("x" * 30, 4)
+    assert not policy.interrupt("", 0)
 
 
 def test_forced_and_dropped_strategies():
-    policy = Policy(["echo", "fanout"], forced="fanout")
-    assert policy.plan(plain_next=False, remaining=10).strategy == "fanout"
-    assert policy.plan(plain_next=True, remaining=10).strategy == "plain"
+    policy = Policy(["echo", "fanout"], forced="fanout", fanout_width=3)
+    plan = policy.plan("some draft text here", 5, plain_next=False, remaining=100)
+    assert (plan.strategy, plan.width) == ("fanout", 3)
     policy.drop("fanout")
     assert policy.forced is None and policy.strategies == ["echo"]
+    assert policy.plan("x" * 2000, 200, plain_next=False, remaining=3).tokens_per_request <= 3

@@ -2,9 +2,40 @@
 the text's current ending.  No model, and exact string matching, so it works
 for any target tokenizer.  Edits, rewrites and agents that repeat themselves
 copy long stretches of their context; this finds them.
+
+Edits add one twist: right after the target changes something ("parseQuery"
+became "parseQueryString"), the text's ending occurs nowhere earlier, so a
+plain lookup has nothing to say exactly where the rest of the copy is
+obvious.  The drafter therefore remembers *where in the source* it was
+copying (``pos``) and, after a change, re-aligns there (:func:`resync`).
 """
 
 from __future__ import annotations
+
+SPECIAL_START = "<|"  # chat-template control tokens (<|im_end|>): never drafted
+
+
+def match_length_and_start(text: str, *, min_match: int, max_match: int) -> tuple[int, int]:
+    """(length, start of what followed) of the longest suffix of ``text``
+    that occurs earlier, most recent occurrence first; (0, -1) if none.
+
+    >>> match_length_and_start("xab1 ab", min_match=2, max_match=8)
+    (2, 3)
+    """
+    n = len(text)
+    if n <= min_match:
+        return 0, -1
+    found, best = -1, 0
+    # Binary search on the match length: a longer match implies a shorter one.
+    lo, hi = min_match, min(max_match, n - 1)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        at = text.rfind(text[n - mid :], 0, n - 1)
+        if at != -1:
+            found, best, lo = at, mid, mid + 1
+        else:
+            hi = mid - 1
+    return (best, found + best) if found != -1 else (0, -1)
 
 
 def lookup_continuation(text: str, *, min_match: int = 3, max_match: int = 64, max_chars: int = 256) -> str:
@@ -20,45 +51,91 @@ def lookup_continuation(text: str, *, min_match: int = 3, max_match: int = 64, m
     occurrences of the same suffix the most recent wins, as in vLLM's
     n-gram proposer.
     """
-    n = len(text)
-    if n <= min_match or max_chars <= 0:
+    if max_chars <= 0:
         return ""
-    length = min(max_match, n - 1)
-    found = -1
-    best = 0
-    # Halve the suffix length until one occurs earlier, then grow back
-    # (binary search on the match length: a longer match implies a shorter one).
-    lo, hi = min_match, length
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        at = text.rfind(text[n - mid :], 0, n - 1)
+    length, start = match_length_and_start(text, min_match=min_match, max_match=max_match)
+    return text[start : start + max_chars] if length else ""
+
+
+def resync(text: str, pos: int, *, window: int = 48, max_suffix: int = 24) -> int:
+    """Where to resume copying ``text[pos:]`` after the target wrote something
+    new at the end of ``text``.
+
+    The longest suffix of ``text`` (at least 2 characters) found in the
+    source just around ``pos`` says the change replaced or skipped source
+    text: resume after it.  Otherwise assume an insertion: resume at ``pos``.
+
+    >>> src = "Tomas will freeze the branch. "
+    >>> text = src + "Tomasz"                      # target inserted "z"
+    >>> src[resync(text, len("Tomas")):][:12]
+    ' will freeze'
+    >>> text = src + "Tomas wil"                    # no change: keep going
+    >>> src[resync(text, len("Tomas wil")):][:7]
+    'l freez'
+    >>> text = "planed for the end. planned"       # replaced " planed"
+    >>> text[resync(text, 0):][:8]
+    ' for the'
+    """
+    lo = max(0, pos - window)
+    for length in range(min(max_suffix, len(text) - 1), 1, -1):
+        # Occurrences must end before the text does (not be the suffix itself).
+        at = text.rfind(text[-length:], lo, min(pos + window + length, len(text) - 1))
         if at != -1:
-            found, best, lo = at, mid, mid + 1
-        else:
-            hi = mid - 1
-    if found == -1:
-        return ""
-    start = found + best
-    return text[start : start + max_chars]
+            return at + length
+    return pos
 
 
 class NGramDrafter:
-    """Prompt lookup over the prompt plus everything generated so far."""
+    """Prompt lookup over the prompt plus everything generated so far.
+
+    ``last_match`` tells the policy how strong the last proposal was: the
+    number of characters of the context that matched its source, or -1 for
+    a re-aligned copy after an edit.
+    """
 
     name = "ngram"
 
-    def __init__(self, *, min_match: int = 3, max_match: int = 64) -> None:
+    def __init__(self, *, min_match: int = 3, max_match: int = 256, strong_match: int = 32) -> None:
         if not 1 <= min_match <= max_match:
             raise ValueError("need 1 <= min_match <= max_match")
         self.min_match = min_match
         self.max_match = max_match
+        self.strong_match = strong_match
         self.text = ""
+        self.pos: int | None = None  # where in ``text`` the current copy reads from
+        self.pos_valid = False  # that copy was confirmed (long match, or long acceptance)
+        self.last_match = 0
 
     def start(self, prompt: str) -> None:
         self.text = prompt
+        self.pos = None
+        self.pos_valid = False
+        self.last_match = 0
 
     def propose(self, max_chars: int) -> str:
-        return lookup_continuation(self.text, min_match=self.min_match, max_match=self.max_match, max_chars=max_chars)
+        length, start = match_length_and_start(self.text, min_match=self.min_match, max_match=self.max_match)
+        self.last_match = length
+        if length < self.strong_match and self.pos is not None and self.pos_valid:
+            # A weak global match right after a change: the copy we were
+            # following is the better guess.
+            start = resync(self.text, self.pos)
+            self.last_match = -1
+        elif not length:
+            return ""
+        else:
+            self.pos_valid = length >= self.strong_match
+        self.pos = start
+        draft = self.text[start : start + max_chars]
+        special = draft.find(SPECIAL_START)
+        return draft[:special] if special != -1 else draft
 
     def update(self, accepted: str, draft: str, accepted_draft_chars: int) -> None:
+        if self.pos is not None:
+            # Follow the copy while the accepted text agrees with the source.
+            pos, source = self.pos, self.text
+            k = 0
+            while k < len(accepted) and pos + k < len(source) and source[pos + k] == accepted[k]:
+                k += 1
+            self.pos = pos + k
+            self.pos_valid = self.pos_valid or k >= 16
         self.text += accepted

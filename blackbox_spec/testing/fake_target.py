@@ -410,12 +410,18 @@ class FakeTarget:
         chunks, sent = [], ""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         decoded = ""
+        with_logprobs = body.get("logprobs") is not None
         for token in out:
             # The incremental decoder holds back incomplete characters, as
             # vLLM's detokenizer does; stop truncation caps what is visible.
             decoded += decoder.decode(self.tokenizer.token_bytes(token))
             visible = text[: len(decoded)]
-            if len(visible) > len(sent):
+            if with_logprobs:
+                # vLLM sends one chunk per token with logprobs, even when the
+                # token adds no visible text (a piece of a character).
+                chunks.append(self._chunk(visible[len(sent) :], None, [self.tokenizer.token_text(token)]))
+                sent = visible
+            elif len(visible) > len(sent):
                 chunks.append(self._chunk(visible[len(sent) :], None))
                 sent = visible
         if len(text) > len(sent):
@@ -426,9 +432,10 @@ class FakeTarget:
         chunks.append(last)
         return chunks
 
-    def _chunk(self, text: str, finish: str | None) -> dict:
+    def _chunk(self, text: str, finish: str | None, tokens: list[str] | None = None) -> dict:
+        logprobs = None if tokens is None else {"tokens": tokens, "token_logprobs": [None] * len(tokens), "top_logprobs": [None] * len(tokens)}
         return {"id": "cmpl-fake", "object": "text_completion", "model": self.model_name,
-                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}]}
 
     # -- a real HTTP server, for subprocess tests and demos ------------------
 

@@ -1,0 +1,71 @@
+"""Tell a near-tie apart from a bug when two greedy texts differ.
+
+Temperature 0 is not fully deterministic on real servers: batched prefill
+and decode logits differ in the last bits, so where the top two tokens are
+within a hair of each other, either may come out.  A divergence is excused
+only there, and only when the target's own logprobs at that position show it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._target import TargetAPI
+
+NEAR_TIE = 1e-3  # top-2 logprob gap below which either token is a legitimate greedy choice
+
+
+@dataclass
+class Divergence:
+    position: int  # character offset in the generated text
+    expected: str  # a few characters of the plain text from there
+    got: str  # ... and of the speculative text
+    gap: float | None  # top-1 minus top-2 logprob at that position, None if unknown
+    top: list[tuple[str, float]]
+
+    @property
+    def near_tie(self) -> bool:
+        return self.gap is not None and self.gap < NEAR_TIE
+
+    def describe(self) -> str:
+        kind = "near-tie" if self.near_tie else "MISMATCH"
+        gap = "unknown" if self.gap is None else f"{self.gap:.2e}"
+        return f"{kind} at char {self.position}: plain {self.expected!r} vs spec {self.got!r}, top-2 gap {gap}, top {self.top}"
+
+
+def first_difference(a: str, b: str) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+async def explain(api: TargetAPI, prompt: str, plain: str, spec: str) -> Divergence | None:
+    """None if the texts are equal; else where they part and how close the
+    target's top two tokens were there.
+
+    The position asked about is the start of the target token that contains
+    the first differing character: the last token boundary of the plain text
+    before it, found from the plain continuation's own logprobs.
+    """
+    at = first_difference(plain, spec)
+    if at is None:
+        return None
+    probe = await api.complete(prompt, max_tokens=max(1, len(plain)), logprobs=1)
+    start = 0
+    for unit in probe.units or []:
+        if start + len(unit.text) > at:
+            break
+        start += len(unit.text)
+    # Ask for the top-2 at the token that starts at ``start``.
+    top = await top_logprobs(api, prompt + plain[:start])
+    gap = top[0][1] - top[1][1] if len(top) >= 2 else None
+    return Divergence(at, plain[at : at + 20], spec[at : at + 20], gap, [(t, round(lp, 5)) for t, lp in top])
+
+
+async def top_logprobs(api: TargetAPI, context: str, k: int = 5) -> list[tuple[str, float]]:
+    """The target's top-``k`` next tokens after ``context``, best first."""
+    response = await api._post("/completions", {"model": api.model, "prompt": context, "max_tokens": 1, "temperature": 0, "logprobs": k})
+    choice = api._json(response)["choices"][0]
+    tops = (choice.get("logprobs") or {}).get("top_logprobs") or [{}]
+    return sorted(((t, float(lp)) for t, lp in (tops[0] or {}).items()), key=lambda kv: -kv[1])[:k]

@@ -1,0 +1,79 @@
+"""Show a bench report: a terminal table, a JSON file, PNG plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .._exceptions import ConfigurationError
+from .runner import Report
+
+
+def print_report(report: Report, console: Console | None = None) -> None:
+    console = console or Console(stderr=False)
+    table = Table(title=f"bspec bench: {report.server.get('name', '')} {report.server.get('model', '')} (medians of {report.repeats})")
+    for column in ("prompt", "workload", "config", "speedup", "plain s", "spec s", "tokens", "tok/s plain→spec", "accept", "tok/round", "calls/tok", "billed prompt", "billed compl.", "same"):
+        table.add_column(column, justify="left" if column in ("prompt", "workload", "config") else "right")
+    for r in report.rows():
+        table.add_row(
+            r["prompt"], r["workload"], r["config"], f"{r['speedup']:.2f}x", f"{r['plain_s']:.2f}", f"{r['spec_s']:.2f}",
+            str(r["tokens"]), f"{r['plain_tok_s']:.1f}→{r['spec_tok_s']:.1f}", f"{r['acceptance']:.0%}",
+            f"{r['accepted_per_round']:.1f}", f"{r['calls_per_token']:.2f}",
+            f"{r['billed_prompt']} vs {r['billed_prompt_plain']}", f"{r['billed_completion']} vs {r['billed_completion_plain']}",
+            "yes" if r["identical"] else ("near-tie" if not any("MISMATCH" in d for d in r["divergences"]) else "NO"),
+        )
+    console.print(table)
+    totals = Table(title="per workload: median speedup over prompts (total = sum plain / sum spec)")
+    for column in ("workload", "config", "prompts", "median speedup", "total speedup", "acceptance", "identical"):
+        totals.add_column(column)
+    for t in report.totals().values():
+        totals.add_row(t["workload"], t["config"], str(t["prompts"]), f"{t['median_speedup']:.2f}x", f"{t['total_speedup']:.2f}x", f"{t['acceptance']:.0%}", "yes" if t["identical"] else "NO")
+    console.print(totals)
+
+
+def write_json(report: Report, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
+
+
+def write_plots(report: Report, folder: Path) -> list[Path]:
+    """``speedup.png`` (per prompt, grouped by workload) and
+    ``acceptance.png`` (target tokens gained per round)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigurationError("plots need matplotlib: pip install 'blackbox-spec[bench]' (or pass --no-plots)") from None
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = report.rows()
+    configs = report.configs
+    names = list(dict.fromkeys(r["prompt"] for r in rows))
+    workloads = {r["prompt"]: r["workload"] for r in rows}
+    written = []
+    for key, ylabel, filename, reference in (
+        ("speedup", "speedup over plain (median wall time)", "speedup.png", 1.0),
+        ("accepted_per_round", "target tokens gained per round (median)", "acceptance.png", None),
+    ):
+        fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(names) * len(configs)), 4.8))
+        width = 0.8 / max(1, len(configs))
+        for k, config in enumerate(configs):
+            values = [next((r[key] for r in rows if r["prompt"] == n and r["config"] == config), 0) for n in names]
+            ax.bar([i + k * width for i in range(len(names))], values, width, label=config)
+        if reference is not None:
+            ax.axhline(reference, color="grey", linestyle="--", linewidth=1)
+        ax.set_xticks([i + width * (len(configs) - 1) / 2 for i in range(len(names))])
+        ax.set_xticklabels([f"{n}\n({workloads[n]})" for n in names], rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{report.server.get('name', '')} {report.server.get('model', '')}")
+        ax.legend()
+        fig.tight_layout()
+        path = folder / filename
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

@@ -1,0 +1,184 @@
+"""``bspec bench``: speculative against plain, same server, same run.
+
+For every prompt and repeat, plain decoding and each speculative
+configuration run back to back, in an order that rotates with the repeat
+(so neither side always meets a warm cache first).  Every speculative text
+is compared with the plain text of the same repeat; a difference is
+reported, with the target's top-2 gap at that position.  Speedups are
+ratios of median wall times over the repeats.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+from .._stats import GenerationResult
+from ..client import SpecClient
+from .divergence import Divergence, explain
+from .workloads import Prompt
+
+
+@dataclass(frozen=True)
+class Config:
+    drafter: str  # "ngram"
+    strategy: str  # "auto" | "echo" | "fanout"
+
+    @property
+    def label(self) -> str:
+        return f"{self.drafter}/{self.strategy}"
+
+
+@dataclass
+class Run:
+    wall_s: float
+    tokens: int
+    stats: dict
+
+
+@dataclass
+class Cell:
+    """One prompt under one configuration (or plain), over the repeats."""
+
+    prompt: str
+    workload: str
+    config: str
+    runs: list[Run] = field(default_factory=list)
+    divergences: list[str] = field(default_factory=list)
+    mismatches: int = 0  # divergences that were not near-ties
+
+    @property
+    def median_wall_s(self) -> float:
+        return statistics.median(r.wall_s for r in self.runs)
+
+    def median(self, key: str) -> float:
+        return statistics.median(float(r.stats.get(key) or 0) for r in self.runs)
+
+
+@dataclass
+class Report:
+    server: dict
+    configs: list[str]
+    repeats: int
+    cells: list[Cell] = field(default_factory=list)
+
+    def cell(self, prompt: str, config: str) -> Cell:
+        return next(c for c in self.cells if c.prompt == prompt and c.config == config)
+
+    def speedup(self, prompt: str, config: str) -> float:
+        return self.cell(prompt, "plain").median_wall_s / self.cell(prompt, config).median_wall_s
+
+    def rows(self) -> list[dict]:
+        """One summary row per prompt x configuration."""
+        rows = []
+        for cell in self.cells:
+            if cell.config == "plain":
+                continue
+            plain = self.cell(cell.prompt, "plain")
+            rows.append({
+                "prompt": cell.prompt, "workload": cell.workload, "config": cell.config,
+                "speedup": round(plain.median_wall_s / cell.median_wall_s, 3),
+                "plain_s": round(plain.median_wall_s, 3), "spec_s": round(cell.median_wall_s, 3),
+                "tokens": int(cell.median("output_tokens")),
+                "plain_tok_s": round(plain.median("tokens_per_second"), 2),
+                "spec_tok_s": round(cell.median("tokens_per_second"), 2),
+                "acceptance": round(cell.median("acceptance_rate"), 3),
+                "accepted_per_round": round(cell.median("mean_accepted_per_round"), 2),
+                "calls_per_token": round(cell.median("target_calls") / max(1.0, cell.median("output_tokens")), 3),
+                "billed_prompt": int(cell.median("prompt_tokens_billed")),
+                "billed_prompt_plain": int(plain.median("prompt_tokens_billed")),
+                "billed_completion": int(cell.median("completion_tokens_billed")),
+                "billed_completion_plain": int(plain.median("completion_tokens_billed")),
+                "identical": cell.mismatches == 0 and not cell.divergences,
+                "divergences": cell.divergences,
+            })
+        return rows
+
+    def totals(self) -> dict[str, dict]:
+        """Per workload and configuration: median speedup over prompts, and
+        the ratio of summed median wall times."""
+        groups: dict[tuple[str, str], list[dict]] = {}
+        for row in self.rows():
+            groups.setdefault((row["workload"], row["config"]), []).append(row)
+            groups.setdefault(("all", row["config"]), []).append(row)
+        return {
+            f"{workload}|{config}": {
+                "workload": workload, "config": config, "prompts": len(rows),
+                "median_speedup": round(statistics.median(r["speedup"] for r in rows), 3),
+                "total_speedup": round(sum(r["plain_s"] for r in rows) / sum(r["spec_s"] for r in rows), 3),
+                "acceptance": round(statistics.median(r["acceptance"] for r in rows), 3),
+                "identical": all(r["identical"] for r in rows),
+            }
+            for (workload, config), rows in groups.items()
+        }
+
+    def to_dict(self) -> dict:
+        return {
+            "server": self.server, "configs": self.configs, "repeats": self.repeats,
+            "rows": self.rows(), "totals": list(self.totals().values()),
+            "cells": [asdict(c) for c in self.cells],
+        }
+
+
+async def run_bench(
+    *,
+    base_url: str,
+    model: str | None,
+    api_key: str | None,
+    prompts: Sequence[Prompt],
+    configs: Sequence[Config],
+    repeats: int = 3,
+    max_tokens: int | None = None,
+    timeout: float = 600.0,
+    progress: Callable[[str], None] | None = None,
+    server: dict | None = None,
+) -> Report:
+    report = Report(server or {"base_url": base_url}, [c.label for c in configs], repeats)
+    plain_client = SpecClient(base_url, api_key, model, drafter=None, timeout=timeout)
+    spec_clients = {c.label: SpecClient(base_url, api_key, model, drafter=c.drafter, strategy=c.strategy, timeout=timeout) for c in configs}
+    try:
+        report.server.setdefault("model", await plain_client.ensure_model())
+        for client in spec_clients.values():
+            client.api.model = plain_client.model
+        report.server["capabilities"] = asdict(await next(iter(spec_clients.values()), plain_client).probe()) if spec_clients else {}
+        total = len(prompts) * repeats * (1 + len(configs))
+        done = 0
+        for prompt in prompts:
+            budget = max_tokens or prompt.max_tokens
+            cells = {"plain": Cell(prompt.name, prompt.workload, "plain")}
+            cells.update({c.label: Cell(prompt.name, prompt.workload, c.label) for c in configs})
+            report.cells.extend(cells.values())
+            order = ["plain", *[c.label for c in configs]]
+            for repeat in range(repeats):
+                shift = repeat % len(order)
+                texts: dict[str, str] = {}
+                for label in order[shift:] + order[:shift]:
+                    client = plain_client if label == "plain" else spec_clients[label]
+                    started = time.perf_counter()
+                    result: GenerationResult = await client.generate(prompt.text, max_tokens=budget)
+                    wall = time.perf_counter() - started
+                    texts[label] = result.text
+                    cells[label].runs.append(Run(wall, result.stats.output_tokens, result.stats.to_dict()))
+                    done += 1
+                    if progress:
+                        progress(
+                            f"[{done}/{total}] {prompt.name} {label} #{repeat + 1}: {wall:.2f}s, "
+                            f"{result.stats.output_tokens} tokens, {result.stats.rounds} rounds"
+                        )
+                for label, text in texts.items():
+                    if label == "plain":
+                        continue
+                    divergence: Divergence | None = await explain(plain_client.api, prompt.text, texts["plain"], text)
+                    if divergence is not None:
+                        cells[label].divergences.append(divergence.describe())
+                        if not divergence.near_tie:
+                            cells[label].mismatches += 1
+                        if progress:
+                            progress(f"  {prompt.name} {label}: {divergence.describe()}")
+    finally:
+        await plain_client.aclose()
+        for client in spec_clients.values():
+            await client.aclose()
+    return report
