@@ -152,15 +152,25 @@ class Policy:
         self.strategies = [s for s in strategies if s in SPECULATIVE]
         self.costs = costs or ServerCosts()
         self.forced = forced
-        # Widths to weigh: the one asked for, and 2 (often the sweet spot on
-        # small servers); a forced fan-out uses exactly the width asked for.
-        self.widths = [fanout_width] if forced == "fanout" else sorted({min(2, fanout_width), fanout_width})
+        # Widths to weigh: powers of two up to the one asked for (each one's
+        # cost is measured separately); a forced fan-out uses exactly it.
+        self.widths = [fanout_width] if forced == "fanout" else sorted({w for w in (2, 4, 8) if w < fanout_width} | {fanout_width})
         self.max_draft_chars = max_draft_chars
         self.margin = margin
         self.runs = {"long": RunLengths(150.0), "short": RunLengths(6.0), "resync": RunLengths(24.0)}
         self.chars_per_token = 3.5
         self.context_tokens = 0.0
         self.last: tuple[str, float] = ("plain", 0.0)  # what plan() chose and its expected rate
+        # Realized / predicted gain per (strategy, kind of draft): corrects the
+        # run-length model where it is biased (fan-out chains that break at a
+        # token boundary, say).  Starts neutral, follows the last few rounds.
+        self.calibration: dict[tuple[str, str], float] = {}
+        self.predicted_gain = 0.0
+        # What speculation has really delivered in this generation; when it
+        # falls behind plain streaming, the bar for the next try goes up
+        # (this is what keeps a generation within a few percent of plain).
+        self.spec_tokens = 0
+        self.spec_seconds = 0.0
 
     # -- measurements -------------------------------------------------------------
 
@@ -192,6 +202,14 @@ class Policy:
         if plan.strategy in SPECULATIVE and verdict.proposed_units:
             missed = verdict.draft_units < verdict.proposed_units
             self.runs[draft_kind_].observe(accepted_draft, missed)
+        if plan.strategy in SPECULATIVE:
+            self.spec_tokens += tokens
+            self.spec_seconds += verdict.seconds
+        if plan.strategy in SPECULATIVE and self.predicted_gain > 0:
+            key = (plan.strategy, draft_kind_)
+            ratio = min(2.0, tokens / self.predicted_gain)
+            self.calibration[key] = self.calibration.get(key, 1.0) + 0.4 * (ratio - self.calibration.get(key, 1.0))
+            self.predicted_gain = 0.0
         self.observe_text(sum(len(u.text) for u in verdict.units), tokens)
 
     # -- decisions ----------------------------------------------------------------
@@ -199,11 +217,19 @@ class Policy:
     def stream_rate(self) -> float:
         return 1.0 / max(1e-6, self.costs.per_token())
 
+    def bar(self, kind: str) -> float:
+        """How much faster than streaming a speculative round must promise to be."""
+        bar = self.margin * (1.15 if kind == "short" else 1.0)  # short matches are mostly noise
+        if self.spec_seconds > 0 and self.spec_tokens / self.spec_seconds < self.stream_rate():
+            bar *= 1.4  # speculation has been losing in this text
+        return bar
+
     def options(self, draft: str, match: int) -> list[tuple[float, float, Plan]]:
         """(expected tokens gained, expected seconds, plan) of each way to check ``draft``."""
         if not draft:
             return []
-        runs = self.runs[draft_kind(match)]
+        kind = draft_kind(match)
+        runs = self.runs[kind]
         options: list[tuple[float, float, Plan]] = []
         if "echo" in self.strategies:
             best = None
@@ -219,14 +245,17 @@ class Policy:
             options.append(best)
         if "fanout" in self.strategies:
             m = FANOUT_TOKENS
+            # Each request must get past the next offset within its m tokens,
+            # so segments are kept well short of m tokens' worth of text.
+            segment = max(8, int(0.7 * m * self.chars_per_token))
             for width in self.widths:
-                chars = min(len(draft), int((width - 1) * m * self.chars_per_token))
+                chars = min(len(draft), (width - 1) * segment)
                 gain = m + min(runs.expected(chars / self.chars_per_token), (width - 1) * m)
                 seconds = self.costs.fanout_seconds(width, m)
-                options.append((gain, seconds, Plan("fanout", draft_chars=chars, width=width, tokens_per_request=m)))
+                options.append((gain, seconds, Plan("fanout", draft_chars=chars, width=width, tokens_per_request=m, segment_chars=segment)))
         if self.forced:
             options = [o for o in options if o[2].strategy == self.forced]
-        return options
+        return [(g * self.calibration.get((p.strategy, kind), 1.0), s, p) for g, s, p in options]
 
     def plan(self, draft: str, match: int, *, plain_next: bool, remaining: int) -> Plan:
         """Verify ``draft`` (a speculative plan) or stream plainly."""
@@ -235,10 +264,11 @@ class Policy:
         options = self.options(draft, match)
         if options:
             best = max(options, key=_rate)
-            if self.forced or _rate(best) > self.stream_rate() * self.margin:
+            if self.forced or _rate(best) > self.stream_rate() * self.bar(draft_kind(match)):
                 plan = best[2]
                 plan.tokens_per_request = max(1, min(plan.tokens_per_request, remaining))
                 self.last = (plan.strategy, _rate(best))
+                self.predicted_gain = best[0]
                 return plan
         return self.plain(remaining)
 
@@ -253,7 +283,7 @@ class Policy:
         if self.forced:
             return True
         restart = self.costs.stream.fixed
-        return max(g / (s + restart) for g, s, _ in options) > self.stream_rate() * self.margin
+        return max(g / (s + restart) for g, s, _ in options) > self.stream_rate() * self.bar(draft_kind(match))
 
     def plain(self, remaining: int) -> Plan:
         self.last = ("plain", self.stream_rate())

@@ -18,6 +18,7 @@ class Plan:
     extra_tokens: int = 1  # echo: tokens to generate after the draft
     width: int = 1  # fanout: parallel requests
     tokens_per_request: int = 8  # fanout / plain: max_tokens of each request
+    segment_chars: int = 0  # fanout: draft characters between offsets (0: len(draft) // width)
 
 
 @dataclass

