@@ -125,7 +125,8 @@ async def speculate(
 
         # 4. Accept the confirmed prefix, within max_tokens and stop strings.
         taken, split = out.take(verdict.units)
-        if verdict.eos and taken == len(verdict.units) and out.finish_reason is None:
+        ended = verdict.eos and taken == len(verdict.units) and out.finish_reason is None
+        if ended:
             out.finish_reason = "stop"
         if split:
             # The budget ends inside a character the target spread over several
@@ -137,7 +138,8 @@ async def speculate(
         stats.observe_round(plan.strategy, calls=verdict.calls, cancelled=verdict.cancelled, seconds=verdict.seconds)
         stats.observe_draft(
             drafted_tokens=verdict.proposed_units, accepted_tokens=sum(u.tokens for u in accepted_draft),
-            drafted_chars=len(draft), accepted_chars=draft_chars, output_tokens=sum(u.tokens for u in accepted),
+            # The end-of-text token counts as an output token, as servers bill it.
+            drafted_chars=len(draft), accepted_chars=draft_chars, output_tokens=sum(u.tokens for u in accepted) + int(ended),
             usage=verdict.usage,
         )
         stats.trace.append([plan.strategy, len(draft), sum(u.tokens for u in accepted_draft), sum(u.tokens for u in accepted), round(verdict.seconds, 3)])
