@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._target import TargetAPI
+from .._target import TargetAPI, _logprob_lists
 
 NEAR_TIE = 1e-3  # top-2 logprob gap below which either token is a legitimate greedy choice
 
@@ -67,5 +67,6 @@ async def top_logprobs(api: TargetAPI, context: str, k: int = 5) -> list[tuple[s
     """The target's top-``k`` next tokens after ``context``, best first."""
     response = await api._post("/completions", {"model": api.model, "prompt": context, "max_tokens": 1, "temperature": 0, "logprobs": k})
     choice = api._json(response)["choices"][0]
-    tops = (choice.get("logprobs") or {}).get("top_logprobs") or [{}]
-    return sorted(((t, float(lp)) for t, lp in (tops[0] or {}).items()), key=lambda kv: -kv[1])[:k]
+    _, _, tops = _logprob_lists(choice.get("logprobs"))  # legacy or llama.cpp's "content" format
+    top = (tops[0] if tops else None) or {}
+    return sorted(((t, float(lp)) for t, lp in top.items()), key=lambda kv: -kv[1])[:k]
