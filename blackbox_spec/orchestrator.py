@@ -151,7 +151,7 @@ async def speculate(
 
         # 6. Learn: the drafter sees the new text, the policy the costs.
         drafter.update("".join(u.text for u in accepted), draft, draft_chars)
-        policy.observe(plan, verdict, draft_kind(match), verdict.usage.prompt_tokens)
+        policy.observe(plan, verdict, draft_kind(match), verdict.usage.prompt_tokens, _missed(draft, draft_chars, accepted[verdict.draft_units :]), draft_chars / max(1, len(draft)))
         plain_next = verdict.plain_next
         if not verdict.units and not verdict.eos:
             plain_next = True
@@ -159,6 +159,13 @@ async def speculate(
     if piece:
         yield piece
     stats.finish_reason = out.finish_reason
+
+
+def _missed(draft: str, accepted_chars: int, after: list[Unit]) -> bool:
+    """Did the target leave the draft before its end?  A draft cut inside
+    the target's next token (which it then wrote in full) was not missed."""
+    rest = draft[accepted_chars:]
+    return bool(rest) and bool(after) and not after[0].text.startswith(rest)
 
 
 async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out: Output, stats: GenerationStats) -> AsyncIterator[str]:

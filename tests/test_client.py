@@ -102,7 +102,7 @@ async def test_echo_refused_mid_run_loses_nothing(fake):
 
     with respx.mock(base_url=BASE_URL) as router:
         router.post("/completions").mock(side_effect=flaky)
-        async with client_for(strategy="auto") as client:
+        async with client_for(strategy="echo") as client:
             result = await client.generate(prompt, max_tokens=120)
     assert result.text == fake.generate(prompt, 120)[0]
     assert any("echo" in note for note in result.stats.notes)
