@@ -147,6 +147,11 @@ def align_tokens(
                 break
             if end == -1:
                 raise AlignmentError(f"cannot place token {tokens[j]!r} after offset {pos}")
+        if end <= pos and j == n:
+            # Trailing pieces of a character the server did not render at
+            # all (llama.cpp drops an incomplete character; vLLM shows
+            # "\ufffd"): no text to place, and nothing anyone may accept.
+            break
         if end <= pos:
             raise AlignmentError(f"opaque tokens at offset {pos} cover no text")
         # Opaque positions cannot be checked (see position_matches), and the

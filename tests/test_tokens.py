@@ -59,3 +59,9 @@ def test_opaque_and_special_predicates():
     assert is_opaque(OPAQUE) and is_opaque("") and is_opaque("bytes:\\xe4")
     assert not is_opaque("abc")
     assert looks_special("<|endoftext|>") and looks_special("</s>") and not looks_special("hello")
+
+
+def test_trailing_character_pieces_with_no_text_are_left_out():
+    # llama.cpp: max_tokens cut a character; its text is absent, its pieces are not
+    units = align_tokens("ab", ["a", "b", "\ufffd", "\ufffd"])
+    assert [u.text for u in units] == ["a", "b"]

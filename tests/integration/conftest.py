@@ -55,6 +55,6 @@ def llama_target():
 
 def pytest_terminal_summary(terminalreporter):
     if DIVERGENCES:
-        terminalreporter.section("near-tie divergences (allowed: top-2 logprob gap < 1e-3)")
+        terminalreporter.section("divergences: near-ties (top-2 logprob gap < 1e-3) and server non-determinism")
         for line in DIVERGENCES:
             terminalreporter.write_line(line)
