@@ -161,7 +161,6 @@ class Policy:
         self.runs = {"long": RunLengths(150.0), "short": RunLengths(6.0), "resync": RunLengths(24.0)}
         self.chars_per_token = 3.5
         self.context_tokens = 0.0
-        self.last: tuple[str, float] = ("plain", 0.0)  # what plan() chose and its expected rate
         # Realized / predicted gain per (strategy, kind of draft): corrects the
         # run-length model where it is biased (fan-out chains that break at a
         # token boundary, say).  Starts neutral, follows the last few rounds.
@@ -288,7 +287,6 @@ class Policy:
             if self.forced or _rate(best) > self.stream_rate() * self.bar(draft_kind(match)):
                 plan = best[2]
                 plan.tokens_per_request = max(1, min(plan.tokens_per_request, remaining))
-                self.last = (plan.strategy, _rate(best))
                 self.predicted_gain = best[0]
                 return plan
         return self.plain(remaining)
@@ -307,7 +305,6 @@ class Policy:
         return max(g / (s + restart) for g, s, _ in options) > self.stream_rate() * self.bar(draft_kind(match))
 
     def plain(self, remaining: int) -> Plan:
-        self.last = ("plain", self.stream_rate())
         return Plan("plain", tokens_per_request=max(1, remaining))
 
 

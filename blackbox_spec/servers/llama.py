@@ -14,7 +14,6 @@ plain" server of the test suite.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -88,7 +87,3 @@ def start_llama_server(
     log(f"starting llama-server with {model} on port {port}")
     return start_server("llama-server", command, port=port, model=model, timeout_s=timeout_s, log=log)
 
-
-def llama_server_version(binary: Path) -> str:
-    done = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
-    return (done.stdout + done.stderr).strip().splitlines()[-1] if done.returncode == 0 else "unknown"
