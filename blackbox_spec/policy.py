@@ -93,9 +93,26 @@ class ServerCosts:
 
     def fanout_seconds(self, width: int, tokens: int) -> float:
         cost = self.fanout.get(width)
-        if cost is None or cost.observed == 0:
-            return (self.stream.fixed + self.per_token() * tokens) * (1 + 0.15 * (width - 1))
-        return cost.predict(tokens)
+        if cost is not None and cost.observed:
+            return cost.predict(tokens)
+        return self.single_seconds(tokens) * (1 + self.batching_overhead(width) * (width - 1))
+
+    def single_seconds(self, tokens: int) -> float:
+        """One plain request of ``tokens`` tokens."""
+        return self.stream.fixed + self.per_token() * tokens
+
+    def batching_overhead(self, width: int) -> float:
+        """Extra cost of each further concurrent request, as a share of one
+        request, judged from the widest measured fan-out narrower than
+        ``width`` (so a server whose 2-wide round already costs twice one
+        request is never asked for 4: llama-server on two cores).  Before
+        any measurement: 0.15, what vLLM's batching gives."""
+        measured = [w for w, c in self.fanout.items() if c.observed and 1 < w < width]
+        if not measured:
+            return 0.15
+        w = max(measured)
+        tokens = FANOUT_TOKENS
+        return max(0.0, (self.fanout[w].predict(tokens) / self.single_seconds(tokens) - 1) / (w - 1))
 
     def observe_fanout(self, width: int, tokens: int, seconds: float) -> None:
         if width not in self.fanout:

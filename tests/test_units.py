@@ -143,3 +143,27 @@ def test_forced_and_dropped_strategies():
     policy.drop("fanout")
     assert policy.forced is None and policy.strategies == ["echo"]
     assert policy.plan("x" * 2000, 200, plain_next=False, remaining=3).tokens_per_request <= 3
+
+
+def test_a_wider_fanout_is_priced_from_the_narrower_ones_batching():
+    # llama-server on two cores: two concurrent requests cost twice one.
+    slow = _policy()
+    single = slow.costs.single_seconds(16)
+    slow.costs.observe_fanout(2, 16, 2.0 * single)
+    assert slow.costs.fanout_seconds(4, 16) > 3.5 * single
+    assert slow.costs.fanout_seconds(8, 16) > 7 * single
+    # vLLM: two cost 1.2x one, so eight are guessed near 2.4x, not 8x.
+    batching = _policy()
+    batching.costs.observe_fanout(2, 16, 1.2 * single)
+    assert batching.costs.fanout_seconds(8, 16) < 2.6 * single
+    # Unmeasured, the prior stays optimistic (each width is worth one try).
+    assert _policy().costs.fanout_seconds(8, 16) < 2.2 * single
+
+
+def test_a_ramp_on_a_server_where_batching_does_not_pay_stops_at_two():
+    policy = _policy()
+    policy.width_cap = 8
+    policy.widths = [2, 4, 8]
+    policy.costs.observe_fanout(2, 16, 2.0 * policy.costs.single_seconds(16))
+    plan = policy.plan("x" * 2000, 200, plain_next=False, remaining=500)
+    assert plan.strategy != "fanout" or plan.width == 2
