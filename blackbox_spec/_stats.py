@@ -24,6 +24,7 @@ class GenerationStats:
     drafted_chars: int = 0
     accepted_chars: int = 0
     output_tokens: int = 0
+    jumps: int = 0  # times the text jumped ahead onto a side branch
     prompt_tokens_billed: int = 0
     completion_tokens_billed: int = 0
     wall_s: float = 0.0

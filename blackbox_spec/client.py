@@ -76,7 +76,7 @@ class SpecClient:
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: float = 600.0,
-        fanout_width: int = 8,
+        fanout_width: int = 16,
         max_draft_chars: int = 4096,
     ) -> None:
         if strategy not in STRATEGIES:

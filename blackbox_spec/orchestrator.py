@@ -15,17 +15,20 @@ Exactness argument, in one place:
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Mapping
 
 from ._exceptions import TargetHTTPError
 from ._stats import GenerationStats
 from ._stopping import StopScanner
-from ._target import StreamEnd, TargetAPI
+from ._target import StreamEnd, StreamPiece, TargetAPI, Usage
 from ._tokens import Unit, align_tokens, count_tokens
 from .drafters.base import Drafter
 from .policy import Policy, draft_kind
 from .verifiers.base import Verifier
+from .verifiers.branches import Branch, Streams, draft_agreement, side_left_draft
+from .verifiers.fanout import likely_boundaries
 from .verifiers.echo import EchoUnsupported
 
 
@@ -151,7 +154,7 @@ async def speculate(
 
         # 6. Learn: the drafter sees the new text, the policy the costs.
         drafter.update("".join(u.text for u in accepted), draft, draft_chars)
-        policy.observe(plan, verdict, draft_kind(match), verdict.usage.prompt_tokens, _missed(draft, draft_chars, accepted[verdict.draft_units :]), draft_chars / max(1, len(draft)))
+        policy.observe(plan, verdict, draft_kind(match), verdict.usage.prompt_tokens, _missed(draft, draft_chars, accepted[verdict.draft_units :]))
         plain_next = verdict.plain_next
         if not verdict.units and not verdict.eos:
             plain_next = True
@@ -169,68 +172,167 @@ def _missed(draft: str, accepted_chars: int, after: list[Unit]) -> bool:
 
 
 async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
-    """One plain streamed continuation of the context, cut off as soon as the
-    policy says checking a draft would be faster.
+    """One plain streamed continuation of the context, with side branches
+    that jump it ahead where a draft holds (``verifiers.branches``).
 
-    Streamed tokens are the target's own, so they are accepted as they
-    arrive, up to the last complete unit (``align_tokens(partial=True)``).
-    If the stream runs to its end, whatever the server sent is taken as is:
-    it *is* a plain call from this context.
+    The main stream's tokens are the target's own, so they are accepted as
+    they arrive, one whole unit at a time (``align_tokens(partial=True)``).
+    If it runs to its end, whatever the server sent is taken as is: it *is* a
+    plain call from this context.  The stream is cut off only when the policy
+    says an echo round would pay more.
     """
     started = time.perf_counter()
-    stream = api.stream(out.context, max_tokens=out.remaining, logprobs=1)
-    text, tokens = "", []
-    used_chars = used_tokens = 0
-    first_at: float | None = None
+    streams = Streams(api, policy.costs.observe_step)
+    main = streams.open(out.context, len(out.text), out.remaining)
+    group: list[Branch] = []  # side branches of the current draft, by offset
+    draft, draft_at, kind, group_started, group_width = "", 0, "short", 0.0, 1
+    replay: deque[tuple[Branch, Any]] = deque()  # a promoted branch's items, oldest first
     end: StreamEnd | None = None
-    interrupted = split = opaque_tail = False
+    interrupted = split = False
+    used_tokens = 0
+
+    def close_group(from_index: int = 0) -> None:
+        for b in group[from_index:]:
+            streams.close(b)
+        del group[from_index:]
+
+    def end_group() -> None:
+        nonlocal draft
+        if draft and not group:
+            accepted_chars, _ = draft_agreement(draft, out.text[draft_at:])
+            _observe_group(policy, stats, draft, accepted_chars, kind, group_width, time.perf_counter() - group_started)
+            draft = ""
+
+    def walk_chain() -> Branch | None:
+        """After each unit of the main stream: the branch it has reached (on
+        the draft and at the end of a token), if any; branches it can no
+        longer reach are closed."""
+        pos = len(out.text)
+        _, left = draft_agreement(draft, out.text[draft_at:])
+        if left:
+            close_group()
+            return None
+        while group and group[0].at < pos:
+            streams.close(group.pop(0))  # the main stream passed its offset inside a token
+        if group and group[0].at == pos:
+            if group[0].task is None:  # reached before it was started: the main stream is as good
+                streams.close(group.pop(0))
+                return None
+            return group.pop(0)
+        return None
+
     try:
-        async for item in stream:
+        while True:
+            # 1. The next item: a promoted branch's backlog first, then any stream's.
+            replayed = bool(replay)
+            branch, item = replay.popleft() if replayed else await streams.next()
+            if not branch.alive:
+                continue
+            if isinstance(item, BaseException):
+                if branch is main:
+                    raise item
+                # A side branch failed: only speed is lost.  The server may be
+                # struggling, so no more branches in this generation.
+                close_group(group.index(branch))
+                policy.drop("fanout")
+                stats.note(f"a side branch failed ({item}); continuing on the main stream, without branches")
+                end_group()
+                continue
+
+            # 2. A side branch: keep its items until the main stream reaches it.
+            #    If its text already left the draft before the next offset,
+            #    the branches after it can never be reached.
+            if branch is not main:
+                if branch is group[-1] and not branch.buffered:
+                    # The farthest branch has read the whole draft into the
+                    # server's prefix cache: the deferred ones now find it there.
+                    for b in group:
+                        streams.start(b)
+                branch.buffered.append(item)
+                if isinstance(item, StreamPiece):
+                    branch.side_text += item.text
+                    k = group.index(branch)
+                    if k + 1 < len(group) and side_left_draft(draft, branch.at - draft_at, group[k + 1].at - draft_at, branch.side_text):
+                        close_group(k + 1)
+                continue
             if isinstance(item, StreamEnd):
                 end = item
                 break
-            first_at = first_at or time.perf_counter()
-            text += item.text
-            if item.tokens is None:
-                # Text without token strings (a server that streams no
-                # logprobs, or a final flush): no safe cut is known after
-                # it, so the stream now runs to its end.
-                opaque_tail = True
-                continue
-            if opaque_tail:
-                continue
-            tokens += item.tokens
-            units = align_tokens(text[used_chars:], tokens[used_tokens:], partial=True)
-            if not units:
-                continue
-            taken, split = out.take(units)
-            new = units[:taken]
-            new_text = "".join(u.text for u in new)
-            used_chars += len(new_text)
-            used_tokens += count_tokens(new)
-            drafter.update(new_text, "", 0)
-            policy.observe_text(len(new_text), count_tokens(new))
+
+            # 3. The main stream's tokens are the target's: accept whole units,
+            #    and after each one walk the chain of side branches (4).
+            units = main.live.feed(item)
+            if main.live.opaque_tail and group:
+                close_group()  # no safe cut is known any more: no branch can be reached
+                end_group()
+            promoted = None
+            for unit in units:
+                taken, split = out.take([unit])
+                if not taken:
+                    break
+                new_text = main.live.consume([unit])
+                used_tokens += unit.tokens
+                drafter.update(new_text, "", 0)
+                policy.observe_text(len(new_text), unit.tokens)
+                if out.finish_reason or split:
+                    break
+                # 4. A branch the main stream reached becomes the main stream;
+                #    the rest of this stream's units, the new one writes again.
+                if group:
+                    promoted = walk_chain()
+                    if not group:
+                        end_group()
+                    if promoted is not None:
+                        break
             piece = out.flush()
             if piece:
                 yield piece
             if out.finish_reason or split:
                 break
-            if used_tokens >= 4:
-                policy.costs.live_per_token = (time.perf_counter() - first_at) / (used_tokens - 1)
-                if policy.interrupt(drafter.propose(policy.max_draft_chars), getattr(drafter, "last_match", 0)):
-                    interrupted = True
-                    break
+            if promoted is not None:
+                stats.jumps += 1
+                streams.close(main)
+                main = promoted
+                replay.extendleft((main, it) for it in reversed(main.buffered))
+                main.buffered = []
+                continue
+
+            # 5. Plan: open side branches for a draft that pays, or cut the
+            #    stream for an echo round that pays more.
+            if group or replay or not units or main.live.opaque_tail:
+                continue
+            proposal = drafter.propose(policy.max_draft_chars)
+            match = getattr(drafter, "last_match", 0)
+            plan = policy.branches(proposal, match, remaining=out.remaining)
+            if plan is not None:
+                offsets = likely_boundaries(proposal, plan.width, plan.segment_chars)[1:]
+                if offsets:
+                    draft, draft_at, kind = proposal[: offsets[-1]], len(out.text), draft_kind(match)
+                    # The first few branches and the farthest start now; the
+                    # ones between wait until the farthest has been prefilled,
+                    # so that they reuse its prefix cache instead of each
+                    # prefilling the draft again.
+                    group = [
+                        streams.open(out.context + proposal[:o], draft_at + o, out.remaining, start=k < 3 or k == len(offsets) - 1)
+                        for k, o in enumerate(offsets)
+                    ]
+                    group_started, group_width = time.perf_counter(), len(group) + 1
+                    continue
+            if policy.interrupt(proposal, match):
+                interrupted = True
+                break
     finally:
-        await stream.aclose()
-        policy.costs.live_per_token = None
+        close_group()
+        end_group()
+        await streams.aclose()
     if split:
         await _finish_plainly(api, out, stats)
     elif end is not None and out.finish_reason is None:
         # The stream ran to its end: the rest of its text is the server's own
         # rendering of a plain call (a cut inside a character included).
-        rest = text[used_chars:]
+        rest = main.live.rest
         billed = end.usage.completion_tokens
-        extra = max(0, (billed or len(tokens)) - used_tokens)
+        extra = max(0, (billed or len(main.live.tokens)) - main.live.used_tokens)
         out.tokens += extra
         used_tokens += extra
         out.add_text(rest)
@@ -241,15 +343,24 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
         if piece:
             yield piece
     seconds = time.perf_counter() - started
-    stats.observe_round("plain", calls=1, cancelled=int(interrupted), seconds=seconds)
+    stats.observe_round("plain", calls=streams.opened, cancelled=streams.closed, seconds=seconds)
     stats.output_tokens += used_tokens
     if end is not None:
         stats.prompt_tokens_billed += end.usage.prompt_tokens
-        stats.completion_tokens_billed += end.usage.completion_tokens
-    else:
-        stats.completion_tokens_billed += used_tokens  # cut off: billed what was generated (about)
+    # Every stream bills what it generated, closed ones included (about).
+    stats.completion_tokens_billed += sum(b.tokens_seen for b in streams.branches)
     stats.trace.append(["stream", 0, 0, used_tokens, round(seconds, 3)])
-    policy.observe_stream(used_tokens, seconds)
+    policy.observe_stream(used_tokens, seconds, plain=streams.opened == 1)
+
+
+def _observe_group(policy: Policy, stats: GenerationStats, draft: str, accepted_chars: int, kind: str, width: int, seconds: float) -> None:
+    """A group of side branches has ended: what its draft delivered."""
+    drafted = round(len(draft) / policy.chars_per_token)
+    accepted = round(accepted_chars / policy.chars_per_token)
+    missed = accepted_chars < len(draft)
+    policy.observe_branches(kind, accepted, missed, width)
+    stats.observe_draft(drafted_tokens=drafted, accepted_tokens=accepted, drafted_chars=len(draft), accepted_chars=accepted_chars, output_tokens=0, usage=Usage())
+    stats.trace.append(["branches", len(draft), accepted, width, round(seconds, 3)])
 
 
 async def decode_plainly(api: TargetAPI, out: Output, stats: GenerationStats) -> AsyncIterator[str]:

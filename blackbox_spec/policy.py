@@ -79,12 +79,30 @@ class ServerCosts:
         self.stream = LinearCost(round_trip_s, 0.05)
         self.echo = LinearCost(echo_round_trip_s or round_trip_s, 0.05 / 8)
         self.fanout: dict[int, LinearCost] = {}
-        self.live_per_token: float | None = None  # from the stream in progress
+        # Seconds between tokens of the main stream, by how many streams were
+        # running at once (1: plain decoding; more: side branches batched in).
+        self.step: dict[int, float] = {}
 
     def per_token(self) -> float:
-        if self.stream.observed == 0 and self.live_per_token is not None:
-            return self.live_per_token
+        if 1 in self.step:
+            return self.step[1]
         return self.stream.per_token
+
+    def observe_step(self, width: int, seconds: float) -> None:
+        old = self.step.get(width)
+        self.step[width] = seconds if old is None else old + 0.1 * (seconds - old)
+
+    def step_seconds(self, width: int) -> float:
+        """Seconds per token of the main stream while ``width`` streams run."""
+        if width in self.step:
+            return self.step[width]
+        base = self.per_token()
+        measured = [w for w in self.step if 1 < w < width]
+        if not measured:
+            return base * (1 + 0.15 * (width - 1))
+        w = max(measured)
+        overhead = max(0.0, (self.step[w] / base - 1) / (w - 1))
+        return base * (1 + overhead * (width - 1))
 
     def echo_seconds(self, prompt_tokens: float) -> float:
         if self.echo.observed == 0:
@@ -163,7 +181,7 @@ class Policy:
         costs: ServerCosts | None = None,
         *,
         forced: str | None = None,
-        fanout_width: int = 4,
+        fanout_width: int = 16,
         max_draft_chars: int = 4096,
         margin: float = 1.15,
     ) -> None:
@@ -172,7 +190,7 @@ class Policy:
         self.forced = forced
         # Widths to weigh: powers of two up to the one asked for (each one's
         # cost is measured separately); a forced fan-out uses exactly it.
-        self.widths = [fanout_width] if forced == "fanout" else sorted({w for w in (2, 4, 8) if w < fanout_width} | {fanout_width})
+        self.widths = [fanout_width] if forced == "fanout" else sorted({w for w in (2, 4, 8, 16) if w < fanout_width} | {fanout_width})
         self.max_draft_chars = max_draft_chars
         self.margin = margin
         self.runs = {"long": RunLengths(150.0), "short": RunLengths(6.0), "resync": RunLengths(24.0)}
@@ -189,12 +207,6 @@ class Policy:
         self.lost_s = 0.0
         self.total_s = 0.0
         self.started = time.perf_counter()
-        # Ramp-up, as TCP's slow start: the first bets of a generation are
-        # small (fan-out of 2, whose miss costs a fraction of a second), and
-        # wider fan-outs, then echo (the big bet: it re-reads the whole
-        # context), are allowed only after drafts have held.  Measured: one
-        # early 8-wide miss cost 6% of a 17 s generation.
-        self.width_cap = min(2, max(self.widths, default=2))
 
     # -- measurements -------------------------------------------------------------
 
@@ -210,12 +222,16 @@ class Policy:
             self.chars_per_token += 0.1 * (chars / tokens - self.chars_per_token)
             self.context_tokens += tokens
 
-    def observe_stream(self, tokens: int, seconds: float) -> None:
+    def observe_stream(self, tokens: int, seconds: float, plain: bool = True) -> None:
         self.total_s += seconds
-        if tokens >= 4:  # too few tokens say more about latency than decode speed
+        if plain and tokens >= 4:  # too few tokens say more about latency than decode speed
             self.costs.stream.add(tokens, seconds)
 
-    def observe(self, plan: Plan, verdict: Verdict, draft_kind_: str, prompt_tokens: int, missed: bool | None = None, accepted_share: float = 1.0) -> None:
+    def observe_branches(self, kind: str, accepted: int, missed: bool, width: int) -> None:
+        """A group of side branches ended: its draft held for ``accepted`` tokens."""
+        self.runs[kind].observe(accepted, missed)
+
+    def observe(self, plan: Plan, verdict: Verdict, draft_kind_: str, prompt_tokens: int, missed: bool | None = None) -> None:
         tokens = count_tokens(verdict.units)
         self.total_s += verdict.seconds
         accepted_draft = count_tokens(verdict.units[: verdict.draft_units])
@@ -229,11 +245,6 @@ class Policy:
             if missed is None:
                 missed = verdict.draft_units < verdict.proposed_units
             self.runs[draft_kind_].observe(accepted_draft, missed)
-            top = max(self.widths, default=2)
-            if not missed:
-                self.width_cap = min(top, self.width_cap * 2)
-            elif accepted_share < 0.5:
-                self.width_cap = max(min(2, top), self.width_cap // 2)
         if plan.strategy in SPECULATIVE:
             # Time lost (or won) against streaming the same tokens.
             self.lost_s += verdict.seconds - tokens / self.stream_rate()
@@ -263,8 +274,10 @@ class Policy:
         kind = draft_kind(match)
         runs = self.runs[kind]
         options: list[tuple[float, float, Plan]] = []
-        ramped = self.forced is not None or self.width_cap >= max(self.widths, default=2) or "fanout" not in self.strategies
-        if "echo" in self.strategies and ramped:
+        # Echo is the big bet (it re-reads the whole context): only once drafts
+        # of this kind have held in this generation, or when it is all there is.
+        held = runs.accepted >= 64 and runs.misses <= runs.accepted / 64
+        if "echo" in self.strategies and (self.forced or held or "fanout" not in self.strategies):
             best = None
             chars = len(draft)
             while True:  # shorter drafts too: the context costs the same either way
@@ -276,14 +289,12 @@ class Policy:
                     break
                 chars //= 2
             options.append(best)
-        if "fanout" in self.strategies:
+        if self.forced == "fanout":  # round-based; the automatic policy uses side branches
             m = FANOUT_TOKENS
             # Each request must get past the next offset within its m tokens,
             # so segments are kept well short of m tokens' worth of text.
             segment = max(8, int(0.7 * m * self.chars_per_token))
             for width in self.widths:
-                if width > self.width_cap and not self.forced:
-                    continue
                 # Offsets 0, s, ..., (w-1)s: the draft runs to w*s so the last
                 # request checks a segment too.
                 chars = min(len(draft), width * segment)
@@ -311,7 +322,7 @@ class Policy:
     def interrupt(self, draft: str, match: int) -> bool:
         """While streaming: would checking ``draft`` now beat the stream,
         counting the latency of restarting the stream afterwards?"""
-        if not draft or (self.costs.stream.observed == 0 and self.costs.live_per_token is None and not self.forced):
+        if not draft or (self.costs.stream.observed == 0 and 1 not in self.costs.step and not self.forced):
             return False
         options = self.options(draft, match)
         if not options:
@@ -320,6 +331,40 @@ class Policy:
             return True
         restart = self.costs.stream.fixed
         return max(g / (s + restart) for g, s, _ in options) > self.stream_rate() * self.bar(draft_kind(match))
+
+    def branches(self, draft: str, match: int, *, remaining: int) -> Plan | None:
+        """Side branches to open next to the plain stream for ``draft``, or None.
+
+        A group of ``w`` streams (the main one and ``w-1`` branches, one
+        segment of the draft apart) lives about one segment's worth of steps.
+        If the draft holds for ``r`` tokens, the text jumps ahead by about
+        ``min(r, (w-1)·segment)`` tokens, which plain decoding would have
+        taken ``per_token`` seconds each to write; what it costs is the
+        slower step of a ``w``-wide batch while the group lives.  The widest
+        group whose expected saving beats its cost by the bar wins.
+        """
+        if self.forced or "fanout" not in self.strategies or not draft or remaining <= 2:
+            return None
+        kind = draft_kind(match)
+        runs = self.runs[kind]
+        segment_tokens = 0.7 * FANOUT_TOKENS
+        segment = max(8, int(segment_tokens * self.chars_per_token))
+        draft_tokens = len(draft) / self.chars_per_token
+        base = self.costs.step_seconds(1)
+        best: tuple[float, Plan] | None = None
+        for width in self.widths:
+            covered = min(draft_tokens, (width - 1) * segment_tokens, remaining)
+            if covered < segment_tokens and width > 2:
+                break  # the draft is too short to use more branches
+            expected = runs.expected(covered) * self.calibration.get(("branches", kind), 1.0)
+            saved = expected * base
+            # The group lives until the chain reaches its end or breaks.
+            life = min(segment_tokens, runs.expected(draft_tokens) + 1)
+            cost = life * max(0.0, self.costs.step_seconds(width) - base) + 1e-3
+            net = saved - self.bar(kind) * cost
+            if net > 0 and (best is None or net > best[0]):
+                best = (net, Plan("fanout", draft_chars=len(draft), width=width, segment_chars=segment))
+        return best[1] if best else None
 
     def plain(self, remaining: int) -> Plan:
         return Plan("plain", tokens_per_request=max(1, remaining))

@@ -188,6 +188,17 @@ async def test_empty_prompt_and_bad_options():
         SpecClient("ftp://x", API_KEY, "m")
 
 
+class _DiesMidStream(httpx.AsyncByteStream):
+    """A response body that breaks off after some bytes, as a dropped connection does."""
+
+    def __init__(self, body: bytes, keep: int) -> None:
+        self.body, self.keep = body, keep
+
+    async def __aiter__(self):
+        yield self.body[: self.keep]
+        raise httpx.ReadError("connection reset by peer")
+
+
 async def test_failure_mid_generation_keeps_the_partial_text(fake):
     prompt = PROMPTS["code"] * 2
     original = fake.handle
@@ -195,14 +206,18 @@ async def test_failure_mid_generation_keeps_the_partial_text(fake):
 
     def dies(request: httpx.Request) -> httpx.Response:
         count["n"] += 1
+        response = original(request)
+        if response.headers.get("content-type") == "text/event-stream":
+            # Every stream breaks off part-way: the main one too.
+            return httpx.Response(200, stream=_DiesMidStream(response.content, len(response.content) // 3), headers=response.headers)
         if count["n"] > 5:
             return httpx.Response(500, json={"error": {"message": "the GPU caught fire"}})
-        return original(request)
+        return response
 
     with respx.mock(base_url=BASE_URL) as router:
         router.post("/completions").mock(side_effect=dies)
         async with client_for() as client:
-            with pytest.raises(TargetHTTPError) as info:
+            with pytest.raises(TargetConnectionError) as info:
                 await client.generate(prompt, max_tokens=200)
     partial = info.value.partial
     truth = fake.generate(prompt, 200)[0]

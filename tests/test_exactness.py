@@ -33,7 +33,7 @@ stops = st.one_of(st.none(), st.lists(st.sampled_from(["\n", "the", "。", "😀
 
 async def _speculate(target: FakeTarget, prompt, max_tokens, stop, strategy, width):
     with respx.mock(base_url=BASE_URL) as router:
-        router.post("/completions").mock(side_effect=target.handle)
+        router.post("/completions").mock(side_effect=target.handle_async)
         async with SpecClient(BASE_URL, API_KEY, "fake-model", strategy=strategy, fanout_width=width) as client:
             return await client.generate(prompt, max_tokens=max_tokens, stop=stop)
 
@@ -65,14 +65,28 @@ def test_forced_fanout_is_exact(prompt, max_tokens, stop, width):
     check(prompt, max_tokens, stop, "refuse", "fanout", width)
 
 
+COPYING = FakeTarget(model=FakeModel(deviate_every=1000, eos_every=10000))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompts.map(lambda p: p * 4), st.integers(1, 120), stops)
+def test_auto_strategy_is_exact_when_side_branches_are_reached(prompt, max_tokens, stop):
+    """A target that mostly copies: the text jumps onto side branches often."""
+    expected, finish, _ = COPYING.generate(prompt, max_tokens, stop)
+    result = asyncio.run(_speculate(COPYING, prompt, max_tokens, stop, "auto", 8))
+    assert result.text == expected
+    assert result.finish_reason == finish
+
+
 def test_repetitive_prompt_accepts_long_drafts():
     """Not only exact: on text that repeats, most tokens come from drafts."""
     prompt = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(6)) * 3
-    target = TARGETS["yes"]
+    target = COPYING
     expected, _, _ = target.generate(prompt, 120)
     result = asyncio.run(_speculate(target, prompt, 120, None, "auto", 4))
     assert result.text == expected
     assert result.stats.accepted_tokens > 0
+    assert result.stats.jumps > 0  # side branches were reached, and their text taken
     assert result.stats.rounds < 120
 
 

@@ -110,7 +110,12 @@ def _policy(**costs) -> Policy:
 
 def test_policy_checks_a_long_strong_draft_and_streams_without_one():
     policy = _policy()
-    assert policy.plan("x" * 2000, 200, plain_next=False, remaining=500).strategy in ("echo", "fanout")
+    # Where concurrent streams exist, a long draft opens side branches next
+    # to the plain stream; echo (the big bet) waits until drafts have held.
+    assert policy.plan("x" * 2000, 200, plain_next=False, remaining=500).strategy == "plain"
+    assert policy.branches("x" * 2000, 200, remaining=500) is not None
+    policy.runs["long"].observe(200, missed=False)
+    assert policy.plan("x" * 2000, 200, plain_next=False, remaining=500).strategy == "echo"
     policy.drop("fanout")
     assert policy.plan("x" * 2000, 200, plain_next=False, remaining=500).strategy == "echo"
     assert policy.plan("", 0, plain_next=False, remaining=500).strategy == "plain"
@@ -131,6 +136,8 @@ def test_policy_learns_that_echo_is_too_slow_here():
 
 def test_policy_interrupts_a_stream_only_for_a_draft_that_pays():
     policy = _policy()
+    assert not policy.interrupt("x" * 2000, 200)  # echo waits until drafts have held
+    policy.runs["long"].observe(200, missed=False)
     assert policy.interrupt("x" * 2000, 200)
     assert not policy.interrupt("x" * 30, 4)
     assert not policy.interrupt("", 0)
@@ -160,10 +167,18 @@ def test_a_wider_fanout_is_priced_from_the_narrower_ones_batching():
     assert _policy().costs.fanout_seconds(8, 16) < 2.2 * single
 
 
-def test_a_ramp_on_a_server_where_batching_does_not_pay_stops_at_two():
-    policy = _policy()
-    policy.width_cap = 8
-    policy.widths = [2, 4, 8]
-    policy.costs.observe_fanout(2, 16, 2.0 * policy.costs.single_seconds(16))
-    plan = policy.plan("x" * 2000, 200, plain_next=False, remaining=500)
-    assert plan.strategy != "fanout" or plan.width == 2
+def test_side_branches_open_where_batching_pays_and_not_where_it_does_not():
+    vllm = _policy()
+    vllm.costs.observe_step(1, 0.06)
+    vllm.costs.observe_step(2, 0.072)  # a second stream slows each step by a fifth
+    plan = vllm.branches("x = 1\n" * 400, 200, remaining=500)
+    assert plan is not None and plan.width >= 8  # a long strong match: go wide
+    short = vllm.branches("x = 1\n" * 400, 3, remaining=500)
+    assert short is None or short.width < plan.width  # a 3-character match is a small bet
+    # llama-server on two cores: two streams take twice as long per step.
+    llama = _policy()
+    llama.costs.observe_step(1, 0.03)
+    llama.costs.observe_step(2, 0.06)
+    assert llama.branches("x = 1\n" * 400, 200, remaining=500) is None
+    # Forced strategies and servers without concurrent calls get none.
+    assert Policy(["echo"], vllm.costs).branches("x = 1\n" * 400, 200, remaining=500) is None

@@ -260,6 +260,19 @@ def _valid_whole(raw: bytes) -> bool:
 # --------------------------------------------------------------------------- server
 
 
+class _PacedStream(httpx.AsyncByteStream):
+    """Server-sent events one chunk at a time, ``step`` seconds apart."""
+
+    def __init__(self, chunks: list[dict], step: float) -> None:
+        self.chunks, self.step = chunks, step
+
+    async def __aiter__(self):
+        for chunk in self.chunks:
+            await asyncio.sleep(self.step)
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+
 @dataclass
 class FakeTarget:
     """The fake server: an httpx handler (for respx / MockTransport) and a
@@ -318,11 +331,20 @@ class FakeTarget:
         return httpx.Response(status, json=payload)
 
     async def handle_async(self, request: httpx.Request) -> httpx.Response:
-        response = self.handle(request)
-        delay = self._simulated_seconds(self.requests[-1] if self.requests else None)
-        if delay:
-            await asyncio.sleep(delay)
-        return response
+        """As :meth:`handle`, taking the simulated time; a stream comes chunk
+        by chunk (``decode_s`` apart, or at least yielding to the event loop),
+        so concurrent streams interleave as a real server's do."""
+        status, payload, stream_chunks = self._dispatch(request.method, request.url.path, request.headers, request.content)
+        record = self.requests[-1] if self.requests else None
+        if stream_chunks is None:
+            delay = self._simulated_seconds(record)
+            if delay:
+                await asyncio.sleep(delay)
+            return httpx.Response(status, json=payload)
+        first = self.latency + self.prefill_s * (record or {}).get("_prefilled", 0)
+        if first:
+            await asyncio.sleep(first)
+        return httpx.Response(status, stream=_PacedStream(stream_chunks, self.decode_s), headers={"content-type": "text/event-stream"})
 
     def _simulated_seconds(self, record: dict[str, Any] | None) -> float:
         if record is None:

@@ -1,0 +1,190 @@
+"""Verification by side branches that run next to the plain stream.
+
+While the target streams the text plainly (the *main* stream), the policy
+may open *side branches*: streams of the same context continued at offsets
+of a draft.  The main stream checks the draft as it goes.  When it reaches a
+branch's offset, having written exactly the draft up to there and ended one
+of its tokens there (the token-boundary rule of ``_tokens``), that branch
+stands on the target's greedy path: it becomes the main stream, everything
+it has streamed so far is accepted at once, and the old main stream is
+closed.  Branch *k+1* is reached through branch *k* the same way, so a
+draft that holds jumps the text ahead by one segment per branch.
+
+A branch whose own text leaves the draft before the next offset dooms the
+branches after it, and the main stream leaving the draft dooms them all;
+they are closed at once.  So a miss costs only the slower steps of a batch
+while the branches lived: the plain stream never stops and is never
+restarted (a round-based fan-out pays a new request and its first-token
+latency after every round).
+
+This module holds the mechanics (streams multiplexed onto one queue, the
+chain rule as pure functions); the loop that uses them is
+``orchestrator._stream_with_branches``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .._target import StreamEnd, StreamPiece, TargetAPI
+from .._tokens import OPAQUE, Unit, align_tokens, count_tokens
+
+
+class LiveText:
+    """A stream's text and token strings, cut into whole units as they arrive."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.tokens: list[str] = []
+        self.used_chars = 0
+        self.used_tokens = 0
+        # Text that came without token strings: no safe cut is known after
+        # it, so the stream can only be taken as a whole, at its end.
+        self.opaque_tail = False
+
+    def feed(self, piece: StreamPiece) -> list[Unit]:
+        """Units completed by ``piece`` (not yet consumed)."""
+        self.text += piece.text
+        if piece.tokens is None:
+            self.opaque_tail = True
+        if self.opaque_tail:
+            return []
+        self.tokens += piece.tokens
+        return align_tokens(self.text[self.used_chars :], self.tokens[self.used_tokens :], partial=True)
+
+    def consume(self, units: list[Unit]) -> str:
+        text = "".join(u.text for u in units)
+        self.used_chars += len(text)
+        self.used_tokens += count_tokens(units)
+        return text
+
+    @property
+    def rest(self) -> str:
+        return self.text[self.used_chars :]
+
+
+@dataclass(eq=False)
+class Branch:
+    """One stream: the main one, or a side branch starting at ``at``."""
+
+    at: int  # where its continuation starts, as a position in the output text
+    live: LiveText = field(default_factory=LiveText)
+    buffered: list[Any] = field(default_factory=list)  # items kept while it was a side branch
+    side_text: str = ""  # its text so far, while a side branch
+    tokens_seen: int = 0
+    alive: bool = True
+    task: asyncio.Task | None = None
+    prompt: str = ""
+    max_tokens: int = 0
+
+
+class Streams:
+    """Concurrent streams of one context, their items multiplexed onto one queue.
+
+    An item is a :class:`StreamPiece`, a :class:`StreamEnd`, or the exception
+    that ended the stream.  Closing a branch cancels its task, which closes
+    its connection; vLLM and llama.cpp then abort the request.
+    """
+
+    def __init__(self, api: TargetAPI, on_step: Callable[[int, float], None] | None = None) -> None:
+        self.api = api
+        self.on_step = on_step
+        self.queue: asyncio.Queue[tuple[Branch, Any]] = asyncio.Queue()
+        self.branches: list[Branch] = []
+        self.opened = 0
+        self.closed = 0
+
+    @property
+    def width(self) -> int:
+        """Streams running now (a branch not yet started does not count)."""
+        return sum(1 for b in self.branches if b.alive and b.task is not None)
+
+    def open(self, prompt: str, at: int, max_tokens: int, *, start: bool = True) -> Branch:
+        """A new stream of ``prompt``; ``start=False`` keeps it for :meth:`start`."""
+        branch = Branch(at, prompt=prompt, max_tokens=max_tokens)
+        self.branches.append(branch)
+        if start:
+            self.start(branch)
+        return branch
+
+    def start(self, branch: Branch) -> None:
+        async def pump() -> None:
+            last: float | None = None
+            try:
+                async for item in self.api.stream(branch.prompt, max_tokens=branch.max_tokens, logprobs=1):
+                    now = time.perf_counter()
+                    if isinstance(item, StreamPiece) and item.tokens:
+                        branch.tokens_seen += len(item.tokens)
+                        # Time between tokens, by how many streams share the
+                        # server's batch: what the policy prices widths with.
+                        if last is not None and self.on_step is not None:
+                            self.on_step(self.width, (now - last) / len(item.tokens))
+                        last = now
+                    self.queue.put_nowait((branch, item))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # reported to the loop, which decides
+                self.queue.put_nowait((branch, exc))
+
+        if branch.alive and branch.task is None:
+            branch.task = asyncio.ensure_future(pump())
+            self.opened += 1
+
+    def close(self, branch: Branch) -> None:
+        if branch.alive:
+            branch.alive = False
+            self.closed += 1
+            if branch.task is not None and not branch.task.done():
+                branch.task.cancel()
+
+    async def next(self) -> tuple[Branch, Any]:
+        """The next item of a branch that is still open."""
+        while True:
+            branch, item = await self.queue.get()
+            if branch.alive:
+                return branch, item
+
+    async def aclose(self) -> None:
+        for branch in self.branches:
+            if branch.task is not None and not branch.task.done():
+                branch.task.cancel()
+        await asyncio.gather(*(b.task for b in self.branches if b.task is not None), return_exceptions=True)
+
+
+def draft_agreement(draft: str, written: str) -> tuple[int, bool]:
+    """How far ``written`` follows ``draft``, and whether it left it.
+
+    >>> draft_agreement("abcdef", "abc")
+    (3, False)
+    >>> draft_agreement("abcdef", "abX")
+    (2, True)
+    >>> draft_agreement("abc", "abcdef")
+    (3, False)
+    """
+    n = min(len(draft), len(written))
+    k = 0
+    while k < n and draft[k] == written[k]:
+        k += 1
+    return k, k < n
+
+
+def side_left_draft(draft: str, start: int, end: int, text: str) -> bool:
+    """Has a side branch covering ``draft[start:end]`` written something else?
+
+    Only readable text counts: a ``"\\ufffd"`` (a character still split
+    across tokens) says nothing yet.
+
+    >>> side_left_draft("the cat sat", 3, 7, " ca")
+    False
+    >>> side_left_draft("the cat sat", 3, 7, " dog")
+    True
+    >>> side_left_draft("the cat sat", 3, 7, " cat on")
+    False
+    """
+    readable = text.split(OPAQUE, 1)[0]
+    segment = draft[start:end]
+    n = min(len(segment), len(readable))
+    return segment[:n] != readable[:n]
