@@ -185,7 +185,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
     streams = Streams(api, policy.costs.observe_step)
     main = streams.open(out.context, len(out.text), out.remaining)
     group: list[Branch] = []  # side branches of the current draft, by offset
-    draft, draft_at, kind, group_started, group_width = "", 0, "short", 0.0, 1
+    draft, draft_at, kind, group_started, group_width, group_tokens = "", 0, "short", 0.0, 1, 0
     replay: deque[tuple[Branch, Any]] = deque()  # a promoted branch's items, oldest first
     end: StreamEnd | None = None
     interrupted = split = False
@@ -200,7 +200,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
         nonlocal draft
         if draft and not group:
             accepted_chars, _ = draft_agreement(draft, out.text[draft_at:])
-            _observe_group(policy, stats, draft, accepted_chars, kind, group_width, time.perf_counter() - group_started)
+            _observe_group(policy, stats, draft, accepted_chars, kind, group_width, time.perf_counter() - group_started, out.tokens - group_tokens)
             draft = ""
 
     def walk_chain() -> Branch | None:
@@ -316,7 +316,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                         streams.open(out.context + proposal[:o], draft_at + o, out.remaining, start=k < 3 or k == len(offsets) - 1)
                         for k, o in enumerate(offsets)
                     ]
-                    group_started, group_width = time.perf_counter(), len(group) + 1
+                    group_started, group_width, group_tokens = time.perf_counter(), len(group) + 1, out.tokens
                     continue
             if policy.interrupt(proposal, match):
                 interrupted = True
@@ -353,12 +353,13 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
     policy.observe_stream(used_tokens, seconds, plain=streams.opened == 1)
 
 
-def _observe_group(policy: Policy, stats: GenerationStats, draft: str, accepted_chars: int, kind: str, width: int, seconds: float) -> None:
-    """A group of side branches has ended: what its draft delivered."""
+def _observe_group(policy: Policy, stats: GenerationStats, draft: str, accepted_chars: int, kind: str, width: int, seconds: float, produced: int) -> None:
+    """A group of side branches has ended: what its draft delivered, and
+    what it saved against plain streaming over its life."""
     drafted = round(len(draft) / policy.chars_per_token)
     accepted = round(accepted_chars / policy.chars_per_token)
     missed = accepted_chars < len(draft)
-    policy.observe_branches(kind, accepted, missed, width)
+    policy.observe_branches(kind, accepted, missed, width, saved_s=produced * policy.costs.per_token() - seconds)
     stats.observe_draft(drafted_tokens=drafted, accepted_tokens=accepted, drafted_chars=len(draft), accepted_chars=accepted_chars, output_tokens=0, usage=Usage())
     stats.trace.append(["branches", len(draft), accepted, width, round(seconds, 3)])
 

@@ -113,6 +113,7 @@ class Streams:
     def start(self, branch: Branch) -> None:
         async def pump() -> None:
             last: float | None = None
+            last_width = 0
             try:
                 async for item in self.api.stream(branch.prompt, max_tokens=branch.max_tokens, logprobs=1):
                     now = time.perf_counter()
@@ -120,9 +121,11 @@ class Streams:
                         branch.tokens_seen += len(item.tokens)
                         # Time between tokens, by how many streams share the
                         # server's batch: what the policy prices widths with.
-                        if last is not None and self.on_step is not None:
-                            self.on_step(self.width, (now - last) / len(item.tokens))
-                        last = now
+                        # Only intervals the same width held throughout.
+                        width = self.width
+                        if last is not None and width == last_width and self.on_step is not None:
+                            self.on_step(width, (now - last) / len(item.tokens))
+                        last, last_width = now, width
                     self.queue.put_nowait((branch, item))
             except asyncio.CancelledError:
                 raise
