@@ -190,6 +190,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
     end: StreamEnd | None = None
     interrupted = split = False
     used_tokens = 0
+    hunch: tuple[int, str] = (0, "")  # the last draft proposed, and where
 
     def close_group(from_index: int = 0) -> None:
         for b in group[from_index:]:
@@ -303,7 +304,12 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                 continue
             proposal = drafter.propose(policy.max_draft_chars)
             match = getattr(drafter, "last_match", 0)
-            plan = policy.branches(proposal, match, remaining=out.remaining)
+            # A draft must first have predicted the main stream's latest token:
+            # most drafts that fail do so at once (free-form text), and this
+            # test is free, since the stream goes on anyway.
+            held = bool(hunch[1]) and len(out.text) > hunch[0] and hunch[1].startswith(out.text[hunch[0] :])
+            hunch = (len(out.text), proposal)
+            plan = policy.branches(proposal, match, remaining=out.remaining) if held else None
             if plan is not None:
                 offsets = likely_boundaries(proposal, plan.width, plan.segment_chars)[1:]
                 if offsets:

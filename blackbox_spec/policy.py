@@ -12,13 +12,15 @@ How good the drafts are is measured too (:class:`RunLengths`): per kind of
 draft (long match, short match, re-aligned after an edit), the expected
 number of draft tokens the target accepts before the first miss.
 
-A speculative round is planned only when its expected rate (target tokens
-gained per second) beats plain streaming by a margin; otherwise the target
-streams plainly, and the stream is cut off as soon as a draft appears that
-would pay.  Priors are optimistic enough that each strategy is tried when a
-strong draft shows up, and measurements replace them after one round, so a
-server where nothing pays (llama-server on two cores) falls back to plain
-streaming after at most a round or two of each.
+While the target streams plainly, side branches are opened for a draft
+when their expected saving (draft tokens jumped × seconds per token) beats
+their cost (the slower batch steps at that width, measured) by a margin; a
+losing group makes that kind of draft wait twice as long before the next try.
+An echo round is planned when its expected rate beats the stream's, and
+only once drafts have held (it re-reads the whole context, a big bet).
+Priors are optimistic enough that each is tried when a strong draft shows
+up, and measurements replace them after one try, so a server where nothing
+pays (llama-server on two cores) stays a plain stream.
 """
 
 from __future__ import annotations
@@ -194,6 +196,8 @@ class Policy:
         self.max_draft_chars = max_draft_chars
         self.margin = margin
         self.runs = {"long": RunLengths(150.0), "short": RunLengths(6.0), "resync": RunLengths(24.0)}
+        self.group_overhead_s = 0.0
+        self.forecast_s = 0.0  # the open group's expected saving
         self.backoff: dict[str, float] = {}  # tokens to wait after a losing group, per kind
         self.resume_at: dict[str, float] = {}
         self.chars_per_token = 3.5
@@ -240,6 +244,11 @@ class Policy:
         without it, 32 short-lived groups in 250 tokens cost 20%.
         """
         self.runs[kind].observe(accepted, missed)
+        # What the model misses about a group (the server stalling to prefill
+        # new requests, their scheduling, the client's own CPU): learned as a
+        # fixed cost per group from how far each one fell short of its forecast.
+        shortfall = max(0.0, self.forecast_s - saved_s)
+        self.group_overhead_s += 0.3 * (shortfall - self.group_overhead_s)
         if saved_s < 0:
             self.backoff[kind] = min(256.0, max(8.0, 2 * self.backoff.get(kind, 0.0)))
             self.resume_at[kind] = self.context_tokens + self.backoff[kind]
@@ -377,10 +386,11 @@ class Policy:
             saved = expected * base
             # The group lives until the chain reaches its end or breaks.
             life = min(segment_tokens, runs.expected(draft_tokens) + 1)
-            cost = life * max(0.0, self.costs.step_seconds(width) - base) + 1e-3
+            cost = life * max(0.0, self.costs.step_seconds(width) - base) + self.group_overhead_s + 1e-3
             net = saved - self.bar(kind) * cost
             if net > 0 and (best is None or net > best[0]):
                 best = (net, Plan("fanout", draft_chars=len(draft), width=width, segment_chars=segment))
+                self.forecast_s = saved - cost
         return best[1] if best else None
 
     def plain(self, remaining: int) -> Plan:
