@@ -65,7 +65,8 @@ def test_forced_fanout_is_exact(prompt, max_tokens, stop, width):
     check(prompt, max_tokens, stop, "refuse", "fanout", width)
 
 
-COPYING = FakeTarget(model=FakeModel(deviate_every=1000, eos_every=10000))
+# Decoding must cost something for branches to pay (3 ms a token here).
+COPYING = FakeTarget(model=FakeModel(deviate_every=1000, eos_every=10000), decode_s=0.003)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
