@@ -108,6 +108,7 @@ def _add_bench_parser(commands) -> None:
     where.add_argument("--base-url", help="an already running OpenAI-compatible server (default: $OPENAI_BASE_URL)")
     where.add_argument("--server", choices=["vllm", "vllm-ngram", "llama-server"], help="start this server locally with --server-model, bench it, stop it")
     bench.add_argument("--server-model", choices=list(MODELS), default="qwen2.5-coder-0.5b", help="model for --server (default: qwen2.5-coder-0.5b)")
+    bench.add_argument("--server-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="vLLM weights' type for --server; " + DTYPE_HELP)
     bench.add_argument("--api-key", help="API key (default: $OPENAI_API_KEY); never printed")
     bench.add_argument("--model", help="model name on --base-url (default: the first one listed)")
     bench.add_argument("--workload", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS), help="workloads to run (default: all)")
@@ -122,6 +123,13 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--quiet", action="store_true", help="no per-run progress lines")
 
 
+DTYPE_HELP = (
+    "vLLM only (default: bfloat16). bf16 logits are coarse (one step is 0.125 at a logit of 16), so the "
+    "server's prefill and decode paths can pick different tokens where the top two are a step apart; "
+    "float32 makes temperature 0 reproducible enough to check exactness, at about half the speed"
+)
+
+
 def _add_server_parser(commands) -> None:
     from .servers.models import MODELS
 
@@ -134,6 +142,7 @@ def _add_server_parser(commands) -> None:
     server.add_argument("--model", choices=list(MODELS), default="qwen2.5-coder-0.5b", help="model to serve (default: qwen2.5-coder-0.5b)")
     server.add_argument("--port", type=_positive_int, help="port on 127.0.0.1 (default: a free one)")
     server.add_argument("--timeout", type=float, default=900.0, metavar="S", help="seconds to wait for the server to be ready (default: 900)")
+    server.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help=DTYPE_HELP)
 
 
 def _positive_int(value: str) -> int:
@@ -215,13 +224,13 @@ def _log(message: str) -> None:
     print(f"[bspec] {message}", file=sys.stderr, flush=True)
 
 
-def _start(kind: str, model: str, *, port: int | None = None, timeout: float = 900.0):
+def _start(kind: str, model: str, *, port: int | None = None, timeout: float = 900.0, dtype: str = "bfloat16"):
     from .servers.llama import start_llama_server
     from .servers.vllm import NGRAM_REFERENCE, start_vllm
 
     if kind == "llama-server":
         return start_llama_server(model, port=port, timeout_s=timeout, log=_log)
-    return start_vllm(model, port=port, timeout_s=timeout, log=_log, speculative_config=NGRAM_REFERENCE if kind == "vllm-ngram" else None)
+    return start_vllm(model, port=port, timeout_s=timeout, log=_log, dtype=dtype, speculative_config=NGRAM_REFERENCE if kind == "vllm-ngram" else None)
 
 
 def _server(args: argparse.Namespace) -> int:
@@ -236,7 +245,7 @@ def _server(args: argparse.Namespace) -> int:
         else:
             _log(f"vLLM weights: {ensure_hf_folder(args.model, log=_log)}")
         return 0
-    server = _start(args.kind, args.model, port=args.port, timeout=args.timeout)
+    server = _start(args.kind, args.model, port=args.port, timeout=args.timeout, dtype=args.dtype)
     with server:
         print(f"{server.base_url}  (model {server.model}; log {server.log_path}); Ctrl-C stops it", flush=True)
         server.process.wait()
@@ -256,7 +265,7 @@ async def _bench(args: argparse.Namespace) -> int:
     server = None
     base_url, model, info = args.base_url, args.model, {}
     if args.server:
-        server = _start(args.server, args.server_model)
+        server = _start(args.server, args.server_model, dtype=args.server_dtype)
         base_url, model = server.base_url, server.model
         info = {"name": args.server, "model": server.model, "ready_after_s": round(server.started_s, 1)}
     try:

@@ -22,6 +22,10 @@ class Divergence:
     got: str  # ... and of the speculative text
     gap: float | None  # top-1 minus top-2 logprob at that position, None if unknown
     top: list[tuple[str, float]]
+    # A plain call from the divergence point picks the speculative text's
+    # token: the server disagrees with its own earlier plain run (bf16
+    # prefill vs decode numerics, batch composition), not with us.
+    server_agrees_with_spec: bool = False
 
     @property
     def near_tie(self) -> bool:
@@ -29,6 +33,8 @@ class Divergence:
 
     def describe(self) -> str:
         kind = "near-tie" if self.near_tie else "MISMATCH"
+        if not self.near_tie and self.server_agrees_with_spec:
+            kind += " (the server's own plain call from this point gives the speculative text)"
         gap = "unknown" if self.gap is None else f"{self.gap:.2e}"
         return f"{kind} at char {self.position}: plain {self.expected!r} vs spec {self.got!r}, top-2 gap {gap}, top {self.top}"
 
@@ -60,7 +66,8 @@ async def explain(api: TargetAPI, prompt: str, plain: str, spec: str) -> Diverge
     # Ask for the top-2 at the token that starts at ``start``.
     top = await top_logprobs(api, prompt + plain[:start])
     gap = top[0][1] - top[1][1] if len(top) >= 2 else None
-    return Divergence(at, plain[at : at + 20], spec[at : at + 20], gap, [(t, round(lp, 5)) for t, lp in top])
+    agrees = bool(top) and bool(top[0][0]) and spec.startswith(top[0][0], start) and not plain.startswith(top[0][0], start)
+    return Divergence(at, plain[at : at + 20], spec[at : at + 20], gap, [(t, round(lp, 5)) for t, lp in top], agrees)
 
 
 async def top_logprobs(api: TargetAPI, context: str, k: int = 5) -> list[tuple[str, float]]:

@@ -32,8 +32,16 @@ def print_report(report: Report, console: Console | None = None) -> None:
     for column in ("workload", "config", "prompts", "median speedup", "total speedup", "acceptance", "identical"):
         totals.add_column(column)
     for t in report.totals().values():
-        totals.add_row(t["workload"], t["config"], str(t["prompts"]), f"{t['median_speedup']:.2f}x", f"{t['total_speedup']:.2f}x", f"{t['acceptance']:.0%}", "yes" if t["identical"] else "NO")
+        totals.add_row(t["workload"], t["config"], str(t["prompts"]), f"{t['median_speedup']:.2f}x", f"{t['total_speedup']:.2f}x", f"{t['acceptance']:.0%}", _same(t))
     console.print(totals)
+
+
+def _same(total: dict) -> str:
+    if total["identical"]:
+        return "yes"
+    if total.get("mismatches", 1) == 0:
+        return f"near-ties only ({total['near_ties']})"
+    return "NO"
 
 
 def write_json(report: Report, path: Path) -> None:

@@ -110,6 +110,10 @@ class Report:
                 "total_speedup": round(sum(r["plain_s"] for r in rows) / sum(r["spec_s"] for r in rows), 3),
                 "acceptance": round(statistics.median(r["acceptance"] for r in rows), 3),
                 "identical": all(r["identical"] for r in rows),
+                # Every divergence at a near-tie (top-2 gap < 1e-3): no mismatch.
+                "near_ties": sum(len(r["divergences"]) for r in rows),
+                "mismatches": sum(1 for r in rows for d in r["divergences"] if "MISMATCH" in d)
+                + sum(1 for r in rows if not r["identical"] and not r["divergences"]),
             }
             for (workload, config), rows in groups.items()
         }

@@ -68,6 +68,7 @@ def start_vllm(
     max_model_len: int = 4096,
     kv_cache_gb: int = 2,
     block_size: int = 32,
+    dtype: str = "bfloat16",
     timeout_s: float = 900.0,
     log: Callable[[str], None] = print,
 ) -> RunningServer:
@@ -83,7 +84,7 @@ def start_vllm(
     command = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(folder), "--served-model-name", model,
-        "--dtype", "bfloat16", "--max-model-len", str(max_model_len),
+        "--dtype", dtype, "--max-model-len", str(max_model_len),
         "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats",
         # The CPU backend's default KV block is 128 tokens, and the prefix
         # cache only reuses whole blocks: every request would recompute up

@@ -36,7 +36,10 @@ def _target(kind: str, env: str):
     from blackbox_spec.servers.vllm import start_vllm
 
     log = lambda message: print(f"[{kind}] {message}", flush=True)  # noqa: E731
-    server = start_vllm(MODEL, log=log) if kind == "vllm" else start_llama_server(MODEL, log=log)
+    # float32: bf16 logits are one step (0.125) apart near 16, and vLLM's
+    # prefill and decode paths then pick different tokens where the top two
+    # are a step apart; in float32 only real near-ties (gap < 1e-3) can flip.
+    server = start_vllm(MODEL, log=log, dtype="float32") if kind == "vllm" else start_llama_server(MODEL, log=log)
     try:
         yield Target(kind, server.base_url, server.model)
     finally:
