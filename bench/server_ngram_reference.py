@@ -39,11 +39,12 @@ async def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--plain-url", help="an already running plain vLLM server (default: start one)")
+    parser.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"], help="weights' type of the servers started here (default: float32, as the bench's)")
     parser.add_argument("--out", default="bench/results/vllm-ngram-reference.json")
     args = parser.parse_args()
     log = lambda m: print(f"[reference] {m}", flush=True)  # noqa: E731
-    plain_server = None if args.plain_url else start_vllm(args.model, log=log)
-    spec_server = start_vllm(args.model, speculative_config=NGRAM_REFERENCE, log=log)
+    plain_server = None if args.plain_url else start_vllm(args.model, log=log, dtype=args.dtype)
+    spec_server = start_vllm(args.model, speculative_config=NGRAM_REFERENCE, log=log, dtype=args.dtype)
     plain_url = args.plain_url or plain_server.base_url
     rows = []
     try:
