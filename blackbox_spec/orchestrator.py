@@ -298,6 +298,14 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                 main.buffered = []
                 continue
 
+            # A group that takes far longer than forecast (a server that
+            # queues requests beyond its slots) is given up: the main stream
+            # never waited for it, so only its batch cost is lost.
+            if group and time.perf_counter() - group_started > 3 * policy.forecast_life_s + 0.5:
+                close_group()
+                end_group()
+                stats.note("side branches took far longer than forecast here; closed")
+
             # 5. Plan: open side branches for a draft that pays, or cut the
             #    stream for an echo round that pays more.
             if group or replay or not units or main.live.opaque_tail:

@@ -198,6 +198,7 @@ class Policy:
         self.runs = {"long": RunLengths(150.0), "short": RunLengths(6.0), "resync": RunLengths(24.0)}
         self.group_overhead_s: float | None = None  # None: two tokens' time, until measured
         self.forecast_s = 0.0  # the open group's expected saving
+        self.forecast_life_s = 0.0  # ... and how long it should take to walk
         self.backoff: dict[str, float] = {}  # tokens to wait after a losing group, per kind
         self.resume_at: dict[str, float] = {}
         self.chars_per_token = 3.5
@@ -382,7 +383,14 @@ class Policy:
         draft_tokens = len(draft) / self.chars_per_token
         base = self.costs.step_seconds(1)
         best: tuple[float, Plan] | None = None
+        # Widths grow as they are measured on this server, as TCP's slow start:
+        # at most twice the widest already timed (2 before any).  Measured on
+        # llama-server (4 slots on 2 cores): a first group of 8 from the prior
+        # queued behind its slots and lived 8.5 s.
+        measured = max((w for w in self.costs.step if w > 1), default=1)
         for width in self.widths:
+            if width > 2 * measured:
+                break
             covered = min(draft_tokens, (width - 1) * segment_tokens, remaining)
             if covered < segment_tokens and width > 2:
                 break  # the draft is too short to use more branches
@@ -395,6 +403,7 @@ class Policy:
             if net > 0 and (best is None or net > best[0]):
                 best = (net, Plan("fanout", draft_chars=len(draft), width=width, segment_chars=segment))
                 self.forecast_s = saved - cost
+                self.forecast_life_s = (segment_tokens + 2) * self.costs.step_seconds(width)
         return best[1] if best else None
 
     def overhead_s(self) -> float:

@@ -170,7 +170,11 @@ def test_a_wider_fanout_is_priced_from_the_narrower_ones_batching():
 def test_side_branches_open_where_batching_pays_and_not_where_it_does_not():
     vllm = _policy()
     vllm.costs.observe_step(1, 0.06)
+    assert vllm.branches("x = 1\n" * 400, 200, remaining=500).width == 2  # nothing wider timed yet
     vllm.costs.observe_step(2, 0.072)  # a second stream slows each step by a fifth
+    assert vllm.branches("x = 1\n" * 400, 200, remaining=500).width == 4  # widths grow as they are timed
+    vllm.costs.observe_step(4, 0.09)
+    vllm.costs.observe_step(8, 0.12)
     plan = vllm.branches("x = 1\n" * 400, 200, remaining=500)
     assert plan is not None and plan.width >= 8  # a long strong match: go wide
     short = vllm.branches("x = 1\n" * 400, 3, remaining=500)
