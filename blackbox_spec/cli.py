@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--strategy", choices=["auto", "logprobs", "echo", "fanout", "plain"], default="auto",
         help="verification: auto (measure and choose), logprobs/echo (one call from prompt logprobs), fanout (concurrent calls), plain",
     )
-    run.add_argument("--fanout-width", type=_positive_int, default=8, metavar="W", help="most parallel requests per fan-out round; narrower ones are measured too (default: 8)")
+    run.add_argument("--fanout-width", type=_positive_int, default=16, metavar="W", help="most concurrent streams (side branches + the main one), or requests per round with --strategy fanout; narrower widths are measured first (default: 16)")
     run.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one server response (default: 600)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     run.add_argument("--quiet", action="store_true", help="do not print the stats line on stderr")
