@@ -188,7 +188,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
     draft, draft_at, kind, group_started, group_width, group_tokens = "", 0, "short", 0.0, 1, 0
     replay: deque[tuple[Branch, Any]] = deque()  # a promoted branch's items, oldest first
     end: StreamEnd | None = None
-    interrupted = split = False
+    split = False
     used_tokens = 0
     hunch: tuple[int, str] = (0, "")  # the last draft proposed, and where
 
@@ -333,7 +333,6 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                     group_started, group_width, group_tokens = time.perf_counter(), len(group) + 1, out.tokens
                     continue
             if policy.interrupt(proposal, match):
-                interrupted = True
                 break
     finally:
         close_group()
@@ -373,7 +372,7 @@ def _observe_group(policy: Policy, stats: GenerationStats, draft: str, accepted_
     drafted = round(len(draft) / policy.chars_per_token)
     accepted = round(accepted_chars / policy.chars_per_token)
     missed = accepted_chars < len(draft)
-    policy.observe_branches(kind, accepted, missed, width, saved_s=produced * policy.costs.per_token() - seconds)
+    policy.observe_branches(kind, accepted, missed, saved_s=produced * policy.costs.per_token() - seconds)
     stats.observe_draft(drafted_tokens=drafted, accepted_tokens=accepted, drafted_chars=len(draft), accepted_chars=accepted_chars, output_tokens=0, usage=Usage())
     stats.trace.append(["branches", len(draft), accepted, width, round(seconds, 3)])
 

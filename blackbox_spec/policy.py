@@ -99,12 +99,7 @@ class ServerCosts:
         if width in self.step:
             return self.step[width]
         base = self.per_token()
-        measured = [w for w in self.step if 1 < w < width]
-        if not measured:
-            return base * (1 + 0.15 * (width - 1))
-        w = max(measured)
-        overhead = max(0.0, (self.step[w] / base - 1) / (w - 1))
-        return base * (1 + overhead * (width - 1))
+        return base * (1 + per_extra_stream({w: s / base for w, s in self.step.items()}, width) * (width - 1))
 
     def echo_seconds(self, prompt_tokens: float) -> float:
         if self.echo.observed == 0:
@@ -122,22 +117,35 @@ class ServerCosts:
         return self.stream.fixed + self.per_token() * tokens
 
     def batching_overhead(self, width: int) -> float:
-        """Extra cost of each further concurrent request, as a share of one
-        request, judged from the widest measured fan-out narrower than
-        ``width`` (so a server whose 2-wide round already costs twice one
-        request is never asked for 4: llama-server on two cores).  Before
-        any measurement: 0.15, what vLLM's batching gives."""
-        measured = [w for w, c in self.fanout.items() if c.observed and 1 < w < width]
-        if not measured:
-            return 0.15
-        w = max(measured)
-        tokens = FANOUT_TOKENS
-        return max(0.0, (self.fanout[w].predict(tokens) / self.single_seconds(tokens) - 1) / (w - 1))
+        """Extra cost of each further concurrent request of a fan-out round,
+        as a share of one request (:func:`per_extra_stream`)."""
+        single = self.single_seconds(FANOUT_TOKENS)
+        return per_extra_stream({w: c.predict(FANOUT_TOKENS) / single for w, c in self.fanout.items() if c.observed}, width)
 
     def observe_fanout(self, width: int, tokens: int, seconds: float) -> None:
         if width not in self.fanout:
             self.fanout[width] = LinearCost(seconds * 0.2, seconds * 0.8 / max(1, tokens))
         self.fanout[width].add(tokens, seconds)
+
+
+def per_extra_stream(relative_cost: dict[int, float], width: int, prior: float = 0.15) -> float:
+    """Extra cost of each stream beyond the first, as a share of one, for
+    ``width`` concurrent streams: judged from the widest measured width below
+    it (``relative_cost[w]`` = cost of ``w`` at once / cost of one), so a
+    server where two already cost twice one is never asked for four
+    (llama-server on two cores).  Before any measurement: ``prior``, about
+    what vLLM's batching gives.
+
+    >>> per_extra_stream({2: 2.0}, 4)
+    1.0
+    >>> per_extra_stream({}, 8)
+    0.15
+    """
+    measured = [w for w in relative_cost if 1 < w < width]
+    if not measured:
+        return prior
+    w = max(measured)
+    return max(0.0, (relative_cost[w] - 1) / (w - 1))
 
 
 @dataclass
@@ -234,7 +242,7 @@ class Policy:
         if plain and tokens >= 4:  # too few tokens say more about latency than decode speed
             self.costs.stream.add(tokens, seconds)
 
-    def observe_branches(self, kind: str, accepted: int, missed: bool, width: int, saved_s: float = 0.0) -> None:
+    def observe_branches(self, kind: str, accepted: int, missed: bool, saved_s: float = 0.0) -> None:
         """A group of side branches ended: its draft held for ``accepted``
         tokens, and the group saved ``saved_s`` seconds against streaming
         plainly over its life (negative: it cost that much).

@@ -96,11 +96,9 @@ class Streams:
         self.branches: list[Branch] = []
         self.opened = 0
         self.closed = 0
-
-    @property
-    def width(self) -> int:
-        """Streams running now (a branch not yet started does not count)."""
-        return sum(1 for b in self.branches if b.alive and b.task is not None)
+        # Streams running now (a branch not yet started does not count); kept
+        # as a count because every token of every stream reads it.
+        self.width = 0
 
     def open(self, prompt: str, at: int, max_tokens: int, *, start: bool = True) -> Branch:
         """A new stream of ``prompt``; ``start=False`` keeps it for :meth:`start`."""
@@ -135,13 +133,16 @@ class Streams:
         if branch.alive and branch.task is None:
             branch.task = asyncio.ensure_future(pump())
             self.opened += 1
+            self.width += 1
 
     def close(self, branch: Branch) -> None:
         if branch.alive:
             branch.alive = False
             self.closed += 1
-            if branch.task is not None and not branch.task.done():
-                branch.task.cancel()
+            if branch.task is not None:
+                self.width -= 1
+                if not branch.task.done():
+                    branch.task.cancel()
 
     async def next(self) -> tuple[Branch, Any]:
         """The next item of a branch that is still open."""
