@@ -19,6 +19,7 @@ from typing import NoReturn, Sequence
 from ._exceptions import BlackboxSpecError, PromptError, TargetResponseError, redact
 from ._stats import GenerationResult
 from .client import SpecClient
+from .drafters import DRAFTERS
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -28,6 +29,8 @@ RUN_EXAMPLES = """\
 examples:
   bspec run prompt.txt --base-url http://127.0.0.1:8000/v1 --model qwen
   bspec run prompt.txt --drafter none            # plain decoding, the baseline
+  bspec run prompt.txt --drafter suffix          # suffix automaton over the text
+  bspec run prompt.txt --drafter llama --draft-model qwen-0.5b.gguf   # a small local model
   bspec run prompt.txt --strategy fanout --json  # force one verification strategy
   cat prompt.txt | bspec run -                   # prompt from standard input
 
@@ -59,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", help="model name (default: the first one the server lists)")
     run.add_argument("--max-tokens", type=_positive_int, default=256, metavar="N", help="most target tokens to generate (default: 256)")
     run.add_argument("--stop", nargs="+", default=None, metavar="S", help="stop sequences; the text ends before the first one")
-    run.add_argument("--drafter", choices=["ngram", "none"], default="ngram", help="how to draft: prompt lookup (ngram) or none = plain decoding")
+    _add_drafter_arguments(run)
     run.add_argument(
         "--strategy", choices=["auto", "logprobs", "echo", "fanout", "plain"], default="auto",
         help="verification: auto (measure and choose), logprobs/echo (one call from prompt logprobs), fanout (concurrent calls), plain",
@@ -113,7 +116,9 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--model", help="model name on --base-url (default: the first one listed)")
     bench.add_argument("--workload", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS), help="workloads to run (default: all)")
     bench.add_argument("--prompt", nargs="+", choices=[p.name for p in PROMPTS], metavar="NAME", help="only these prompts (names from the workloads)")
-    bench.add_argument("--drafter", nargs="+", choices=["ngram"], default=["ngram"], help="drafters to compare (default: ngram)")
+    bench.add_argument("--drafter", nargs="+", choices=list(DRAFTERS), default=["ngram"], help="drafters to compare (default: ngram); llama and hf need --draft-model")
+    bench.add_argument("--draft-model", metavar="PATH", help="the draft model for --drafter llama (a .gguf file) or hf (a transformers folder)")
+    bench.add_argument("--draft-device", default="cpu", metavar="DEV", help="torch device for --drafter hf: cpu or cuda (default: cpu)")
     bench.add_argument("--strategy", nargs="+", choices=["auto", "echo", "fanout"], default=["auto"], help="verification strategies to compare (default: auto)")
     bench.add_argument("--repeats", type=_positive_int, default=3, metavar="N", help="runs of each prompt and configuration (default: 3)")
     bench.add_argument("--max-tokens", type=_positive_int, metavar="N", help="override every prompt's token budget")
@@ -121,6 +126,19 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--out", default="bench-results", metavar="DIR", help="folder for bench.json and the PNG plots (default: bench-results)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
     bench.add_argument("--quiet", action="store_true", help="no per-run progress lines")
+
+
+DRAFTER_HELP = (
+    "how to draft: ngram = prompt lookup; suffix = suffix automaton over the text and this "
+    "client's earlier outputs; llama = a GGUF model (llama-cpp-python); hf = a transformers "
+    "model; none = plain decoding (default: ngram)"
+)
+
+
+def _add_drafter_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--drafter", choices=[*DRAFTERS, "none"], default="ngram", help=DRAFTER_HELP)
+    parser.add_argument("--draft-model", metavar="PATH", help="the draft model for --drafter llama (a .gguf file) or hf (a transformers folder)")
+    parser.add_argument("--draft-device", default="cpu", metavar="DEV", help="torch device for --drafter hf: cpu or cuda (default: cpu)")
 
 
 DTYPE_HELP = (
@@ -186,6 +204,7 @@ async def _run(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
     async with SpecClient(
         args.base_url, args.api_key, args.model,
         drafter=None if args.drafter == "none" else args.drafter,
+        draft_model=args.draft_model, draft_device=args.draft_device,
         strategy=strategy, timeout=args.timeout, fanout_width=args.fanout_width,
     ) as client:
         stream = client.stream(prompt, max_tokens=args.max_tokens, stop=args.stop)
@@ -272,6 +291,7 @@ async def _bench(args: argparse.Namespace) -> int:
         report = await run_bench(
             base_url=base_url, model=model, api_key=args.api_key, prompts=chosen, configs=configs,
             repeats=args.repeats, max_tokens=args.max_tokens, timeout=args.timeout,
+            draft_model=args.draft_model, draft_device=args.draft_device,
             progress=None if args.quiet else _log, server=info or None,
         )
     finally:

@@ -11,6 +11,7 @@ them: ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Sequence
@@ -20,7 +21,7 @@ import httpx
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetHTTPError, TargetResponseError
 from ._stats import GenerationResult, GenerationStats
 from ._target import TargetAPI, resolve_settings
-from .drafters import Drafter, NGramDrafter
+from .drafters import Drafter, DrafterFactory, SessionIndex, drafter_factory
 from .orchestrator import Output, decode_plainly, speculate
 from .policy import Policy, ServerCosts
 from .verifiers import EchoVerifier, FanoutVerifier
@@ -36,16 +37,6 @@ class Capabilities:
     echo: bool
     logprobs: bool
     round_trip_s: float
-
-
-def make_drafter(name: str | Drafter | None) -> Drafter | None:
-    if name is None or name == "none":
-        return None
-    if name == "ngram":
-        return NGramDrafter()
-    if isinstance(name, str):
-        raise ConfigurationError(f"unknown drafter {name!r}; choose from: ngram, none")
-    return name
 
 
 class GenerationStream:
@@ -72,6 +63,8 @@ class SpecClient:
         model: str | None = None,
         *,
         drafter: Drafter | str | None = "ngram",
+        draft_model: str | None = None,
+        draft_device: str = "cpu",
         strategy: str = "auto",
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -84,8 +77,10 @@ class SpecClient:
         if fanout_width < 1 or max_draft_chars < 1:
             raise ConfigurationError("fanout_width and max_draft_chars must be at least 1")
         url, key = resolve_settings(base_url, api_key)
-        self._drafter_spec = drafter
-        make_drafter(drafter)  # validate now, build one per generation
+        # Checked now; one drafter is built per generation (a draft model and
+        # the suffix drafter's session index are shared between them).
+        options = {"draft_model": draft_model, "draft_device": draft_device} if isinstance(drafter, str) else {"draft_model": draft_model}
+        self._new_drafter = drafter_factory(drafter, **options)
         self.strategy = strategy
         self.fanout_width = fanout_width
         self.max_draft_chars = max_draft_chars
@@ -95,6 +90,16 @@ class SpecClient:
 
     def __repr__(self) -> str:
         return f"SpecClient(base_url={self.api.base_url!r}, model={self.api.model!r}, strategy={self.strategy!r})"
+
+    @property
+    def session_index(self) -> SessionIndex | None:
+        """What the suffix drafter remembers of this client's earlier outputs."""
+        return self._new_drafter.session if isinstance(self._new_drafter, DrafterFactory) else None
+
+    @session_index.setter
+    def session_index(self, index: SessionIndex) -> None:
+        if isinstance(self._new_drafter, DrafterFactory):
+            self._new_drafter.session = index
 
     @property
     def model(self) -> str | None:
@@ -180,8 +185,7 @@ class SpecClient:
             stats.finish_reason = out.finish_reason
 
     async def _pieces(self, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
-        drafter = make_drafter(self._drafter_spec)
-        if drafter is None or self.strategy == "plain":
+        if self._new_drafter is None or self.strategy == "plain":
             async for piece in decode_plainly(self.api, out, stats):
                 yield piece
             return
@@ -199,11 +203,19 @@ class SpecClient:
             async for piece in decode_plainly(self.api, out, stats):
                 yield piece
             return
+        if isinstance(self._new_drafter, DrafterFactory):
+            await asyncio.to_thread(self._new_drafter.load)  # seconds, once: off the event loop
+        drafter = self._new_drafter()
         policy = Policy(available, self.costs, forced=forced, fanout_width=self.fanout_width, max_draft_chars=self.max_draft_chars)
         policy.context_tokens = len(out.prompt) / policy.chars_per_token
         verifiers = {"echo": EchoVerifier(self.api), "fanout": FanoutVerifier(self.api)}
-        async for piece in speculate(self.api, drafter, policy, verifiers, out, stats):
-            yield piece
+        try:
+            async for piece in speculate(self.api, drafter, policy, verifiers, out, stats):
+                yield piece
+        finally:
+            finish = getattr(drafter, "finish", None)
+            if finish is not None:
+                finish()  # the suffix drafter remembers this output for the session
 
 
 def _check_arguments(prompt: object, max_tokens: object, stop: object) -> list[str] | None:

@@ -154,6 +154,7 @@ async def speculate(
 
         # 6. Learn: the drafter sees the new text, the policy the costs.
         drafter.update("".join(u.text for u in accepted), draft, draft_chars)
+        _tell_outcome(drafter, draft, draft_chars)
         policy.observe(plan, verdict, draft_kind(match), verdict.usage.prompt_tokens, _missed(draft, draft_chars, accepted[verdict.draft_units :]))
         plain_next = verdict.plain_next
         if not verdict.units and not verdict.eos:
@@ -202,6 +203,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
         if draft and not group:
             accepted_chars, _ = draft_agreement(draft, out.text[draft_at:])
             _observe_group(policy, stats, draft, accepted_chars, kind, group_width, time.perf_counter() - group_started, out.tokens - group_tokens)
+            _tell_outcome(drafter, draft, accepted_chars)
             draft = ""
 
     def walk_chain() -> Branch | None:
@@ -364,6 +366,13 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
     stats.completion_tokens_billed += sum(b.tokens_seen for b in streams.branches)
     stats.trace.append(["stream", 0, 0, used_tokens, round(seconds, 3)])
     policy.observe_stream(used_tokens, seconds, plain=streams.opened == 1)
+
+
+def _tell_outcome(drafter: Drafter, draft: str, accepted_chars: int) -> None:
+    # Drafters written before ``outcome`` joined the protocol lack it.
+    outcome = getattr(drafter, "outcome", None)
+    if outcome is not None and draft:
+        outcome(draft, accepted_chars)
 
 
 def _observe_group(policy: Policy, stats: GenerationStats, draft: str, accepted_chars: int, kind: str, width: int, seconds: float, produced: int) -> None:

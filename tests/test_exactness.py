@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blackbox_spec import SpecClient
+from blackbox_spec.drafters import SuffixDrafter
 from blackbox_spec.testing import FakeModel, FakeTarget
 
 from .conftest import API_KEY, BASE_URL
@@ -31,17 +32,17 @@ prompts = st.lists(
 stops = st.one_of(st.none(), st.lists(st.sampled_from(["\n", "the", "。", "😀", "b)", "ret", "}\n"]), min_size=1, max_size=3))
 
 
-async def _speculate(target: FakeTarget, prompt, max_tokens, stop, strategy, width):
+async def _speculate(target: FakeTarget, prompt, max_tokens, stop, strategy, width, drafter="ngram"):
     with respx.mock(base_url=BASE_URL) as router:
         router.post("/completions").mock(side_effect=target.handle_async)
-        async with SpecClient(BASE_URL, API_KEY, "fake-model", strategy=strategy, fanout_width=width) as client:
+        async with SpecClient(BASE_URL, API_KEY, "fake-model", strategy=strategy, fanout_width=width, drafter=drafter) as client:
             return await client.generate(prompt, max_tokens=max_tokens, stop=stop)
 
 
-def check(prompt, max_tokens, stop, mode, strategy, width):
+def check(prompt, max_tokens, stop, mode, strategy, width, drafter="ngram"):
     target = TARGETS[mode]
     expected, finish, _ = target.generate(prompt, max_tokens, stop)
-    result = asyncio.run(_speculate(target, prompt, max_tokens, stop, strategy, width))
+    result = asyncio.run(_speculate(target, prompt, max_tokens, stop, strategy, width, drafter))
     assert result.text == expected
     assert result.finish_reason == finish
     assert result.stats.output_tokens <= max_tokens
@@ -104,3 +105,62 @@ def test_plain_client_is_one_call():
     result = asyncio.run(run())
     assert result.text == expected
     assert result.stats.target_calls == 1 and len(target.requests) == 1
+
+
+# -- every drafter keeps the output exact -------------------------------------------
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompts, st.integers(1, 90), stops, st.sampled_from(["yes", "refuse", "ignore"]), st.sampled_from(["auto", "fanout"]))
+def test_suffix_drafter_is_exact(prompt, max_tokens, stop, mode, strategy):
+    if strategy == "fanout" and mode != "refuse":
+        strategy = "auto"
+    check(prompt, max_tokens, stop, mode, strategy, 4, drafter="suffix")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompts.map(lambda p: p * 4), st.integers(1, 120), stops)
+def test_suffix_drafter_is_exact_when_side_branches_are_reached(prompt, max_tokens, stop):
+    expected, finish, _ = COPYING.generate(prompt, max_tokens, stop)
+    result = asyncio.run(_speculate(COPYING, prompt, max_tokens, stop, "auto", 8, drafter="suffix"))
+    assert result.text == expected
+    assert result.finish_reason == finish
+
+
+def _tiny_model_drafter():
+    from blackbox_spec.drafters.hf import HFModel
+    from blackbox_spec.drafters.model import ModelDrafter
+
+    from .tiny_models import tiny_model
+
+    model, tokenizer = tiny_model(seed=2)
+    return ModelDrafter(HFModel(model=model, tokenizer=tokenizer))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompts, st.integers(1, 60), stops, st.sampled_from(["yes", "refuse"]))
+def test_a_model_drafter_with_another_tokenizer_is_exact(prompt, max_tokens, stop, mode):
+    """A random tiny transformers model drafts through its own byte-level
+    BPE, unlike the fake target's tokens: its drafts are mostly wrong, and
+    the output must still be the target's own."""
+    check(prompt, max_tokens, stop, mode, "auto" if mode == "yes" else "fanout", 3, drafter=_tiny_model_drafter())
+
+
+def test_suffix_drafter_remembers_earlier_generations_of_a_client():
+    """Each generation's output joins the client's session index, so the
+    next generation's suffix drafter can draft it."""
+    target = FakeTarget(model=FakeModel(deviate_every=7))
+    prompt = "Q1: list the steps.\n" + "".join(f"step {i}: check part {i} of the plan.\n" for i in range(3))
+
+    async def run():
+        with respx.mock(base_url=BASE_URL) as router:
+            router.post("/completions").mock(side_effect=target.handle_async)
+            async with SpecClient(BASE_URL, API_KEY, "fake-model", drafter="suffix") as client:
+                first = await client.generate(prompt, max_tokens=40)
+                return client.session_index, first
+
+    session, first = asyncio.run(run())
+    assert first.text == target.generate(prompt, 40)[0]
+    later = SuffixDrafter(session=session)
+    later.start("Q2: unrelated.\n" + first.text[:20])
+    assert len(later.propose(1000)) > 0 and first.text[20:].startswith(later.propose(1000)[:10])

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 from .._stats import GenerationResult
 from ..client import SpecClient
+from ..drafters import SessionIndex
 from .divergence import Divergence, explain
 from .workloads import Prompt
 
@@ -138,10 +139,20 @@ async def run_bench(
     timeout: float = 600.0,
     progress: Callable[[str], None] | None = None,
     server: dict | None = None,
+    draft_model: str | None = None,
+    draft_device: str = "cpu",
 ) -> Report:
     report = Report(server or {"base_url": base_url}, [c.label for c in configs], repeats)
     plain_client = SpecClient(base_url, api_key, model, drafter=None, timeout=timeout)
-    spec_clients = {c.label: SpecClient(base_url, api_key, model, drafter=c.drafter, strategy=c.strategy, timeout=timeout) for c in configs}
+    model_options = {"draft_model": draft_model, "draft_device": draft_device}
+    spec_clients = {
+        c.label: SpecClient(base_url, api_key, model, drafter=c.drafter, strategy=c.strategy, timeout=timeout, **(model_options if c.drafter in ("llama", "hf") else {}))
+        for c in configs
+    }
+    # The suffix drafter remembers a client's earlier outputs.  Each prompt and
+    # repeat starts with an empty memory, so no run drafts from an earlier run
+    # of the same prompt; the turns of a session (``Prompt.session``) share one.
+    memories: dict[tuple[str, int], SessionIndex] = {}
     try:
         report.server.setdefault("model", await plain_client.ensure_model())
         for client in spec_clients.values():
@@ -160,6 +171,8 @@ async def run_bench(
                 texts: dict[str, str] = {}
                 for label in order[shift:] + order[:shift]:
                     client = plain_client if label == "plain" else spec_clients[label]
+                    if label != "plain":
+                        client.session_index = memories.setdefault((f"{label}/{prompt.session or prompt.name}", repeat), SessionIndex())
                     started = time.perf_counter()
                     result: GenerationResult = await client.generate(prompt.text, max_tokens=budget)
                     wall = time.perf_counter() - started

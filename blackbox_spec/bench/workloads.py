@@ -6,7 +6,11 @@ Four workloads, from where drafts hit most to where they rarely do:
   docstrings, a rename) - most of the answer is already in the prompt;
 - ``rewrite``: a document with small corrections;
 - ``json``: a structured-data transformation;
-- ``free-form``: new prose or code, where prompt lookup rarely hits.
+- ``free-form``: new prose or code, where prompt lookup rarely hits;
+- ``agent``: sessions of turns, each a fresh prompt, whose answers repeat
+  much of the earlier turns' answers (an agent regenerating a file as it
+  grows, a bot filling the same report template): what the suffix drafter's
+  memory of earlier outputs is for.  Prompt lookup sees only the prompt.
 
 Prompts use the ChatML template of the Qwen2.5 instruct models, written out
 as raw text, because verification needs ``/v1/completions``.
@@ -17,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-WORKLOADS = ("code-edit", "rewrite", "json", "free-form")
+WORKLOADS = ("code-edit", "rewrite", "json", "free-form", "agent")
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,9 @@ class Prompt:
     workload: str
     text: str
     max_tokens: int
+    # Turns of one session share the suffix drafter's memory of earlier
+    # outputs (an agent that keeps regenerating similar answers).
+    session: str | None = None
 
 
 def chatml(user: str, system: str = "You are a careful assistant. Follow the instruction exactly.") -> str:
@@ -195,6 +202,28 @@ _CODE = "Reply with the complete updated file in one code block and nothing else
 _TEXT = "Reply with the complete corrected text only.\n\n"
 _JSON = "Reply with the JSON only, in one code block.\n\n"
 
+_CLASS_TASK = (
+    "Write a Python module with a class `Inventory` that keeps item counts in a dict. "
+    "Methods: {methods}. Give every method type hints and a one-line docstring. Reply with the code only, in one code block."
+)
+_CLASS_TURNS = (
+    "add(name, count=1), remove(name, count=1), total()",
+    "add(name, count=1), remove(name, count=1), total(), clear()",
+    "add(name, count=1), remove(name, count=1), total(), clear(), names() returning the sorted names",
+    "add(name, count=1), remove(name, count=1), total(), clear(), names() returning the sorted names, to_json()",
+)
+_REPORT_TASK = (
+    "Fill in this CI status report template and reply with the filled report only.\n\n"
+    "Template:\n## Build report\n- Branch: <branch>\n- Result: <passed or failed>\n- Tests: <passed>/<total> passed\n"
+    "- Slowest test: <name> (<seconds> s)\n- Next step: <one sentence>\n\n"
+    "Facts: branch {branch}; {passed} of {total} tests passed; slowest test {slow} took {seconds} s."
+)
+_REPORT_TURNS = (
+    {"branch": "main", "passed": 412, "total": 412, "slow": "test_checkout_flow", "seconds": 8.2},
+    {"branch": "feature/cart", "passed": 409, "total": 412, "slow": "test_checkout_flow", "seconds": 8.9},
+    {"branch": "feature/cart", "passed": 412, "total": 412, "slow": "test_search_index", "seconds": 7.4},
+)
+
 PROMPTS: tuple[Prompt, ...] = (
     # code edits: most of the answer is in the prompt
     Prompt("hints-inventory", "code-edit", chatml(f"Add type hints to every function and method in this file. {_CODE}```python\n{INVENTORY_PY}```"), 600),
@@ -222,6 +251,15 @@ PROMPTS: tuple[Prompt, ...] = (
     Prompt("ideas", "free-form", chatml("List eight names for a coffee shop run by robots, one per line, each with a short reason."), 250),
     Prompt("sql", "free-form", chatml("Write an SQL query that returns the ten customers with the highest total order value in 2024, from tables customers(id, name) and orders(id, customer_id, total, created_at). Explain it briefly."), 250),
     Prompt("haiku-continue", "free-form", "The old pond lies still;\n", 64),
+    # agent sessions: later turns repeat earlier answers (run in this order)
+    *(
+        Prompt(f"agent-class-{i}", "agent", chatml(_CLASS_TASK.format(methods=methods)), 450, session="agent-class")
+        for i, methods in enumerate(_CLASS_TURNS, 1)
+    ),
+    *(
+        Prompt(f"agent-report-{i}", "agent", chatml(_REPORT_TASK.format(**facts)), 300, session="agent-report")
+        for i, facts in enumerate(_REPORT_TURNS, 1)
+    ),
 )
 
 

@@ -129,6 +129,12 @@ class NGramDrafter:
         special = draft.find(SPECIAL_START)
         return draft[:special] if special != -1 else draft
 
+    def outcome(self, draft: str, accepted_chars: int) -> None:
+        pass  # the copy is followed in ``update``; the policy sizes what is checked
+
+    def finish(self) -> None:
+        pass
+
     def update(self, accepted: str, draft: str, accepted_draft_chars: int) -> None:
         if self.pos is not None:
             # Follow the copy while the accepted text agrees with the source.

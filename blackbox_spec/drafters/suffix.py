@@ -1,0 +1,347 @@
+"""Suffix decoding: draft from everything the session has written before.
+
+After SuffixDecoding (Oliaro et al., arXiv 2411.04975; ArcticInference has
+the reference implementation).  The text is cut into *pieces* (a word with
+its leading space, a run of punctuation, a run of whitespace: see
+:func:`split_pieces`), which play the role tokens play in the paper, so no
+tokenizer is needed and any target works.  Two indexes are kept:
+
+- a **local** one over the current prompt and what has been generated so far;
+- a **session** one over earlier outputs, bounded in size, oldest evicted
+  first, so that an agent's later turns draft what its earlier turns said.
+
+Both are suffix automata (Blumer et al. 1985): the same complexity as a
+suffix tree (linear size, amortised constant-time extension, longest-match
+tracking in constant time per symbol) in far less Python.  Each state keeps
+how often its strings occurred, so a continuation is scored by frequency:
+the draft follows the most frequent next piece while the product of the
+choices' frequencies (the path probability) stays above a floor, and never
+runs longer than ``factor`` times the length of the match it came from.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+from .base import DraftLength
+from .ngram import SPECIAL_START
+
+# A word with at most one leading space or tab, a run of punctuation likewise,
+# a run of newlines, a run of other whitespace.  No look-ahead, so appending
+# text can only change the *last* piece of a split (pieces are prefix-stable).
+_PIECE = re.compile(r"[ \t]?\w+|[ \t]?[^\w\s]+|\n+|\s+")
+# How many suffix links an insertion walks to count an occurrence.  Only
+# highly periodic text ("aaaa…") has longer chains; there the counts of its
+# shortest strings are left short, which only matters for weak matches.
+_MAX_COUNT_CHAIN = 64
+
+
+def split_pieces(text: str) -> list[str]:
+    """The pieces of ``text``, which join back to it exactly.
+
+    >>> split_pieces("def f(x):\\n    return x")
+    ['def', ' f', '(', 'x', '):', '\\n', '    ', 'return', ' x']
+    """
+    return _PIECE.findall(text)
+
+
+class SuffixAutomaton:
+    """The suffix automaton of a sequence of ints, built one symbol at a time.
+
+    State 0 is the root (the empty string).  For each state: ``next`` (its
+    transitions), ``link`` (the state of its longest suffix that ends in more
+    places), ``length`` (its longest string), ``count`` (how many times its
+    strings occur: the size of their end-position set).
+    """
+
+    def __init__(self) -> None:
+        self.next: list[dict[int, int]] = [{}]
+        self.link: list[int] = [-1]
+        self.length: list[int] = [0]
+        self.count: list[int] = [0]
+        self.last = 0
+        self.size = 0  # symbols added
+
+    def extend(self, symbol: int) -> None:
+        nxt, link, length, count = self.next, self.link, self.length, self.count
+        cur = len(length)
+        nxt.append({})
+        link.append(0)
+        length.append(length[self.last] + 1)
+        count.append(0)
+        p = self.last
+        while p != -1 and symbol not in nxt[p]:
+            nxt[p][symbol] = cur
+            p = link[p]
+        if p != -1:
+            q = nxt[p][symbol]
+            if length[p] + 1 == length[q]:
+                link[cur] = q
+            else:
+                clone = len(length)
+                nxt.append(dict(nxt[q]))
+                link.append(link[q])
+                length.append(length[p] + 1)
+                count.append(count[q])
+                while p != -1 and nxt[p].get(symbol) == q:
+                    nxt[p][symbol] = clone
+                    p = link[p]
+                link[q] = link[cur] = clone
+        self.last = cur
+        self.size += 1
+        # The new end position belongs to every suffix of the sequence.
+        v, steps = cur, 0
+        while v > 0 and steps < _MAX_COUNT_CHAIN:
+            count[v] += 1
+            v = link[v]
+            steps += 1
+
+    def walk(self, state: int, matched: int, symbol: int) -> tuple[int, int]:
+        """Follow ``symbol`` from a match (state, matched length), shortening
+        the match until it can be extended: the matching statistics step."""
+        nxt, link, length = self.next, self.link, self.length
+        while state > 0 and symbol not in nxt[state]:
+            state = link[state]
+            matched = length[state]
+        if symbol in nxt[state]:
+            return nxt[state][symbol], matched + 1
+        return 0, 0
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if an invariant of the automaton is broken."""
+        for v in range(1, len(self.length)):
+            assert 0 <= self.link[v] < len(self.length), f"state {v}: bad link"
+            assert self.length[self.link[v]] < self.length[v], f"state {v}: link not shorter"
+            assert self.count[v] >= 1, f"state {v}: occurs nowhere"
+        for v, edges in enumerate(self.next):
+            for w in edges.values():
+                assert self.length[w] >= self.length[v] + 1, f"edge {v}->{w}: too short"
+        assert self.length[self.last] == self.size
+
+
+class _Vocabulary:
+    """Pieces as small ints (their ids are shared by both indexes)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.pieces: list[str] = []
+
+    def id(self, piece: str) -> int:
+        known = self.ids.get(piece)
+        if known is None:
+            known = self.ids[piece] = len(self.pieces)
+            self.pieces.append(piece)
+        return known
+
+
+class SessionIndex:
+    """Earlier outputs of a session, at most ``max_pieces`` of them, oldest
+    evicted first (whole outputs).  Shared by the drafters of one client.
+
+    Eviction rebuilds the automaton from the outputs that stay; it happens
+    once the index has grown by a quarter past its bound, so its cost per
+    piece added stays constant.
+    """
+
+    def __init__(self, max_pieces: int = 200_000) -> None:
+        if max_pieces < 1:
+            raise ValueError("max_pieces must be positive")
+        self.max_pieces = max_pieces
+        self.vocabulary = _Vocabulary()
+        self.outputs: deque[list[int]] = deque()
+        self.pieces = 0
+        self.automaton = SuffixAutomaton()
+        self._separator = -1
+
+    def add(self, text: str) -> None:
+        symbols = [self.vocabulary.id(p) for p in split_pieces(text)]
+        if not symbols:
+            return
+        self.outputs.append(symbols)
+        self.pieces += len(symbols)
+        if self.pieces > self.max_pieces * 5 // 4:
+            while self.pieces > self.max_pieces * 3 // 4 and len(self.outputs) > 1:
+                self.pieces -= len(self.outputs.popleft())
+            self.automaton = SuffixAutomaton()
+            for output in self.outputs:
+                self._insert(output)
+        else:
+            self._insert(symbols)
+
+    def _insert(self, symbols: list[int]) -> None:
+        for s in symbols:
+            self.automaton.extend(s)
+        # A separator no piece equals, so no match runs from one output into the next.
+        self.automaton.extend(self._separator)
+        self._separator -= 1
+
+
+class SuffixDrafter:
+    """Draft the most frequent continuation of the text's longest match,
+    in the current text or in the session's earlier outputs.
+
+    ``last_match`` is the match length in characters (the policy's measure of
+    a draft's strength).
+    """
+
+    name = "suffix"
+
+    def __init__(
+        self,
+        *,
+        session: SessionIndex | None = None,
+        factor: float = 2.0,
+        offset: int = 2,
+        min_probability: float = 0.1,
+        min_match: int = 2,
+        max_pieces: int = 256,
+        reuse: bool = True,
+    ) -> None:
+        self.session = session if session is not None else SessionIndex()
+        self.factor = factor
+        self.offset = offset
+        self.min_probability = min_probability
+        self.min_match = min_match
+        self.length = DraftLength(start=max_pieces, low=8, high=max_pieces)
+        self.reuse = reuse
+        self.vocabulary = self.session.vocabulary
+        self.start("")
+
+    # -- Drafter protocol ---------------------------------------------------
+
+    def start(self, prompt: str) -> None:
+        self.local = SuffixAutomaton()
+        self.prompt_chars = len(prompt)
+        self.committed: list[int] = []  # symbols of all pieces but the last
+        self.committed_chars = 0
+        self.char_ends: list[int] = [0]  # character offset after each committed piece
+        self.tail = ""  # the last piece, which may still grow
+        self._rewalk()
+        self.last_match = 0
+        self.generated = ""
+        self._append(prompt)
+        self.generated = ""  # what this generation added: it joins the session index
+        self._draft_at, self._draft = -1, ""
+
+    def propose(self, max_chars: int) -> str:
+        # While the text follows the last draft, its rest is still the best
+        # guess (the orchestrator asks after every token): no new search.
+        if self.reuse and self._draft_at >= 0:
+            written = self.generated[self._draft_at :]
+            rest = self._draft[len(written) :]
+            if self._draft.startswith(written) and 2 * len(rest) >= len(self._draft) and rest:
+                return rest[:max_chars]
+        self._draft_at, self._draft = len(self.generated), self._fresh_draft(max_chars)
+        return self._draft
+
+    def _fresh_draft(self, max_chars: int) -> str:
+        if self._walked is not self.session.automaton:
+            self._rewalk()  # the session index was rebuilt (eviction)
+        # In the local index the text itself is the longest match; the
+        # longest suffix found *earlier* is its suffix link.
+        repeat = self.local.link[self.local.last] if self.local.last else 0
+        matches = sorted(
+            [(self.local.length[repeat], self.local, repeat), (self.global_matched, self.session.automaton, self.global_state)],
+            key=lambda m: -m[0],
+        )
+        best: tuple[float, int, list[str]] = (0.0, 0, [])
+        for matched, automaton, state in matches:
+            if min(self.length.limit, matched * self.factor + self.offset) <= best[0]:
+                break  # even a certain draft from this shorter match would score less
+            found = self._draft_from(automaton, state, matched, max_chars)
+            if found[0] > best[0]:
+                best = found
+        _, matched, pieces = best
+        self.last_match = self.char_ends[-1] - self.char_ends[-1 - matched] if matched else 0
+        draft = "".join(pieces)[:max_chars]
+        special = draft.find(SPECIAL_START)
+        return draft[:special] if special != -1 else draft
+
+    def update(self, accepted: str, draft: str, accepted_draft_chars: int) -> None:
+        self._append(accepted)
+
+    def outcome(self, draft: str, accepted_chars: int) -> None:
+        self.length.observe(len(split_pieces(draft)), len(split_pieces(draft[:accepted_chars])))
+        self._draft_at = -1  # the next draft is sized anew
+
+    def finish(self) -> None:
+        """The generation is over: its output joins the session index."""
+        if self.generated:
+            self.session.add(self.generated)
+            self.generated = ""
+
+    # -- internals -------------------------------------------------------------
+
+    def _append(self, text: str) -> None:
+        if not text:
+            return
+        self.generated += text
+        pieces = split_pieces(self.tail + text)
+        self.tail = pieces.pop()
+        if self._walked is not self.session.automaton:
+            self._rewalk()
+        vocabulary, automaton, session = self.vocabulary, self.local, self.session.automaton
+        ends = self.char_ends
+        for piece in pieces:
+            symbol = vocabulary.id(piece)
+            automaton.extend(symbol)
+            self.committed.append(symbol)
+            ends.append(ends[-1] + len(piece))
+            self.global_state, self.global_matched = session.walk(self.global_state, self.global_matched, symbol)
+
+    def _rewalk(self) -> None:
+        self._walked = automaton = self.session.automaton
+        state = matched = 0
+        for symbol in self.committed[-4 * self.length.high :]:
+            state, matched = automaton.walk(state, matched, symbol)
+        self.global_state, self.global_matched = state, matched
+
+    def _draft_from(self, automaton: SuffixAutomaton, state: int, matched: int, max_chars: int) -> tuple[float, int, list[str]]:
+        """(score, match length in pieces, pieces) of the draft that follows a
+        match.  Its score is the expected number of accepted pieces: the sum
+        of the path probabilities, each choice weighted by its frequency."""
+        nxt, count, link, length = automaton.next, automaton.count, automaton.link, automaton.length
+        pieces_of = self.vocabulary.pieces
+        tail = self.tail
+        # The text's last piece may be unfinished: continue only with pieces
+        # that start with it, shortening the match until one does.
+        while True:
+            if matched < self.min_match:
+                return 0.0, 0, []
+            options = [(count[w], s) for s, w in nxt[state].items() if s >= 0 and pieces_of[s].startswith(tail)]
+            if options:
+                break
+            state = link[state]
+            matched = length[state]
+        best_count, symbol = max(options)
+        probability = best_count / sum(c for c, _ in options)
+        if probability < self.min_probability:
+            return 0.0, matched, []
+        out = [pieces_of[symbol][len(tail) :]]
+        score, chars = probability, len(out[0])
+        state = nxt[state][symbol]
+        cap = min(self.length.limit, int(matched * self.factor) + self.offset)
+        while len(out) < cap and chars < max_chars:
+            edges = nxt[state]
+            if len(edges) == 1:  # the common case deep in a match: one way on
+                ((symbol, state),) = edges.items()
+                if symbol < 0:
+                    break  # the end of an earlier output
+            else:
+                total = best_count = 0
+                symbol = -1
+                for s, w in edges.items():
+                    c = count[w]
+                    total += c
+                    if s >= 0 and c > best_count:
+                        best_count, symbol = c, s
+                probability *= best_count / total if total else 0.0
+                if symbol < 0 or probability < self.min_probability:
+                    break
+                state = edges[symbol]
+            piece = pieces_of[symbol]
+            out.append(piece)
+            chars += len(piece)
+            score += probability
+        return score, matched, out
