@@ -173,3 +173,36 @@ def test_draft_length_rule():
     assert n.limit == 8
     with pytest.raises(ValueError):
         DraftLength(start=1, low=2, high=3)
+
+
+def test_alternatives_take_the_runner_up_at_the_first_uncertain_piece():
+    text = "x = load(a)\ny = 2\n" * 3 + "x = load(b)\nz = 3\n" + "x = load("
+    d = drafter_on(text)
+    main, second = d.propose_alternatives(100)
+    assert main.startswith("a)\ny = 2")
+    assert second.startswith("b)\nz = 3")
+    # Where the history never forked, there is one draft only.
+    assert len(drafter_on("say one two three four five | one two three").propose_alternatives(100)) == 1
+
+
+def test_first_occurrences_are_tracked():
+    automaton = SuffixAutomaton()
+    seq = [1, 2, 3, 1, 2, 4, 1, 2, 3]
+    for s in seq:
+        automaton.extend(s)
+    for i in range(len(seq)):
+        for j in range(i + 1, len(seq) + 1):
+            word = tuple(seq[i:j])
+            first = min(k + len(word) for k in range(len(seq)) if tuple(seq[k : k + len(word)]) == word)
+            assert automaton.first_end[state_of(automaton, word)] == first
+
+
+def test_after_an_edit_the_copy_resumes_where_it_was():
+    """The target renamed a function mid-copy: the text's ending occurs
+    nowhere, but the rest of the copy is obvious."""
+    source = "import json\nfrom util import log\n\ndef parseQuery(text):\n    parts = text.split('&')\n    return dict(p.split('=') for p in parts)\n\n"
+    d = drafter_on("Code:\n" + source + "Here it is:\n" + "import json\nfrom util import log\n\ndef parseQuery")
+    assert d.propose(100).startswith("(text):\n    parts")
+    d.update("String", "", 0)  # the edit: not in the source
+    assert d.propose(100).startswith("(text):\n    parts = text.split")
+    assert d.last_match == -1

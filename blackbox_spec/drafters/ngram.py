@@ -85,6 +85,18 @@ def resync(text: str, pos: int, *, window: int = 48, max_suffix: int = 24) -> in
     return pos
 
 
+def follow_copy(source: str, pos: int, accepted: str) -> int:
+    """How many characters of ``accepted`` agree with ``source`` from ``pos``.
+
+    >>> follow_copy("abcdef", 2, "cdX")
+    2
+    """
+    k, n = 0, min(len(accepted), len(source) - pos)
+    while k < n and source[pos + k] == accepted[k]:
+        k += 1
+    return k
+
+
 class NGramDrafter:
     """Prompt lookup over the prompt plus everything generated so far.
 
@@ -138,10 +150,7 @@ class NGramDrafter:
     def update(self, accepted: str, draft: str, accepted_draft_chars: int) -> None:
         if self.pos is not None:
             # Follow the copy while the accepted text agrees with the source.
-            pos, source = self.pos, self.text
-            k = 0
-            while k < len(accepted) and pos + k < len(source) and source[pos + k] == accepted[k]:
-                k += 1
-            self.pos = pos + k
+            k = follow_copy(self.text, self.pos, accepted)
+            self.pos += k
             self.pos_valid = self.pos_valid or k >= 16
         self.text += accepted

@@ -25,7 +25,7 @@ import re
 from collections import deque
 
 from .base import DraftLength
-from .ngram import SPECIAL_START
+from .ngram import SPECIAL_START, follow_copy, resync
 
 # A word with at most one leading space or tab, a run of punctuation likewise,
 # a run of newlines, a run of other whitespace.  No look-ahead, so appending
@@ -35,6 +35,8 @@ _PIECE = re.compile(r"[ \t]?\w+|[ \t]?[^\w\s]+|\n+|\s+")
 # highly periodic text ("aaaa…") has longer chains; there the counts of its
 # shortest strings are left short, which only matters for weak matches.
 _MAX_COUNT_CHAIN = 64
+# A match this long (in characters) is trusted over resuming an earlier copy.
+STRONG_MATCH = 32
 
 
 def split_pieces(text: str) -> list[str]:
@@ -60,6 +62,7 @@ class SuffixAutomaton:
         self.link: list[int] = [-1]
         self.length: list[int] = [0]
         self.count: list[int] = [0]
+        self.first_end: list[int] = [0]  # symbols up to the end of the first occurrence
         self.last = 0
         self.size = 0  # symbols added
 
@@ -70,6 +73,7 @@ class SuffixAutomaton:
         link.append(0)
         length.append(length[self.last] + 1)
         count.append(0)
+        self.first_end.append(self.size + 1)
         p = self.last
         while p != -1 and symbol not in nxt[p]:
             nxt[p][symbol] = cur
@@ -84,6 +88,7 @@ class SuffixAutomaton:
                 link.append(link[q])
                 length.append(length[p] + 1)
                 count.append(count[q])
+                self.first_end.append(self.first_end[q])
                 while p != -1 and nxt[p].get(symbol) == q:
                     nxt[p][symbol] = clone
                     p = link[p]
@@ -114,6 +119,7 @@ class SuffixAutomaton:
             assert 0 <= self.link[v] < len(self.length), f"state {v}: bad link"
             assert self.length[self.link[v]] < self.length[v], f"state {v}: link not shorter"
             assert self.count[v] >= 1, f"state {v}: occurs nowhere"
+            assert self.length[v] <= self.first_end[v] <= self.size, f"state {v}: first occurrence out of range"
         for v, edges in enumerate(self.next):
             for w in edges.values():
                 assert self.length[w] >= self.length[v] + 1, f"edge {v}->{w}: too short"
@@ -205,6 +211,8 @@ class SuffixDrafter:
         self.min_match = min_match
         self.length = DraftLength(start=max_pieces, low=8, high=max_pieces)
         self.reuse = reuse
+        self._fork: tuple | None = None  # the first uncertain choice of the last draft
+        self._last_pieces: list[str] = []
         self.vocabulary = self.session.vocabulary
         self.start("")
 
@@ -217,6 +225,12 @@ class SuffixDrafter:
         self.committed_chars = 0
         self.char_ends: list[int] = [0]  # character offset after each committed piece
         self.tail = ""  # the last piece, which may still grow
+        self.text = ""
+        # Where in ``text`` the current copy reads from, as the n-gram drafter
+        # keeps it: right after an edit the text's ending occurs nowhere
+        # earlier, and the copy is resumed there (``ngram.resync``).
+        self.copy_pos: int | None = None
+        self.copy_valid = False
         self._rewalk()
         self.last_match = 0
         self.generated = ""
@@ -246,15 +260,32 @@ class SuffixDrafter:
             key=lambda m: -m[0],
         )
         best: tuple[float, int, list[str]] = (0.0, 0, [])
+        fork, best_from = None, None
         for matched, automaton, state in matches:
             if min(self.length.limit, matched * self.factor + self.offset) <= best[0]:
                 break  # even a certain draft from this shorter match would score less
+            self._fork = None
             found = self._draft_from(automaton, state, matched, max_chars)
             if found[0] > best[0]:
-                best = found
+                best, fork, best_from = found, self._fork, automaton
         _, matched, pieces = best
+        self._last_pieces, self._fork = pieces, fork
         self.last_match = self.char_ends[-1] - self.char_ends[-1 - matched] if matched else 0
-        draft = "".join(pieces)[:max_chars]
+        if self.last_match < STRONG_MATCH and self.copy_pos is not None and self.copy_valid:
+            # A weak match right after a change: the copy we were following
+            # is the better guess.
+            self.copy_pos = resync(self.text, self.copy_pos)
+            self.last_match = -1
+            self._last_pieces, self._fork = [], None
+            draft = self.text[self.copy_pos : self.copy_pos + max_chars]
+        else:
+            if best[2] and best_from is self.local and self.last_match:
+                # Remember where the local match's first occurrence ends: the copy's source.
+                source = self.char_ends[self.local.first_end[repeat]]
+                if self.text.startswith(self.tail, source):
+                    self.copy_pos = source + len(self.tail)
+                    self.copy_valid = self.last_match >= STRONG_MATCH
+            draft = "".join(pieces)[:max_chars]
         special = draft.find(SPECIAL_START)
         return draft[:special] if special != -1 else draft
 
@@ -276,6 +307,11 @@ class SuffixDrafter:
     def _append(self, text: str) -> None:
         if not text:
             return
+        if self.copy_pos is not None:
+            k = follow_copy(self.text, self.copy_pos, text)
+            self.copy_pos += k
+            self.copy_valid = self.copy_valid or k >= 16
+        self.text += text
         self.generated += text
         pieces = split_pieces(self.tail + text)
         self.tail = pieces.pop()
@@ -314,14 +350,23 @@ class SuffixDrafter:
                 break
             state = link[state]
             matched = length[state]
-        best_count, symbol = max(options)
-        probability = best_count / sum(c for c, _ in options)
+        options.sort(reverse=True)
+        (best_count, symbol), total = options[0], sum(c for c, _ in options)
+        if len(options) > 1:
+            self._fork = (automaton, 0, options[1][1], nxt[state][options[1][1]], options[1][0] / total, tail)
+        probability = best_count / total
         if probability < self.min_probability:
             return 0.0, matched, []
         out = [pieces_of[symbol][len(tail) :]]
-        score, chars = probability, len(out[0])
-        state = nxt[state][symbol]
         cap = min(self.length.limit, int(matched * self.factor) + self.offset)
+        score = self._follow(automaton, nxt[state][symbol], probability, out, cap, max_chars)
+        return score, matched, out
+
+    def _follow(self, automaton: SuffixAutomaton, state: int, probability: float, out: list[str], cap: int, max_chars: int) -> float:
+        """Extend ``out`` along the most frequent path from ``state`` while the
+        path probability stays above the floor; return the draft's score."""
+        nxt, count, pieces_of = automaton.next, automaton.count, self.vocabulary.pieces
+        score, chars = probability, sum(map(len, out))
         while len(out) < cap and chars < max_chars:
             edges = nxt[state]
             if len(edges) == 1:  # the common case deep in a match: one way on
@@ -329,13 +374,19 @@ class SuffixDrafter:
                 if symbol < 0:
                     break  # the end of an earlier output
             else:
-                total = best_count = 0
-                symbol = -1
+                total = best_count = second_count = 0
+                symbol = second = -1
                 for s, w in edges.items():
                     c = count[w]
                     total += c
-                    if s >= 0 and c > best_count:
-                        best_count, symbol = c, s
+                    if s < 0:
+                        continue
+                    if c > best_count:
+                        second_count, second, best_count, symbol = best_count, symbol, c, s
+                    elif c > second_count:
+                        second_count, second = c, s
+                if self._fork is None and second >= 0 and total:
+                    self._fork = (automaton, len(out), second, edges[second], probability * second_count / total, "")
                 probability *= best_count / total if total else 0.0
                 if symbol < 0 or probability < self.min_probability:
                     break
@@ -344,4 +395,24 @@ class SuffixDrafter:
             out.append(piece)
             chars += len(piece)
             score += probability
-        return score, matched, out
+        return score
+
+    def propose_alternatives(self, max_chars: int) -> list[str]:
+        """The draft, and a second one that takes the runner-up piece at the
+        draft's first uncertain position (multi-branch drafts).  Only the
+        suffix drafter offers this; ``bench/multibranch_sim.py`` measured
+        whether checking the second one pays."""
+        self._fork = None
+        self._draft_at = -1
+        main = self.propose(max_chars)
+        fork, self._fork = self._fork, None
+        if not main or fork is None:
+            return [main] if main else []
+        automaton, at, symbol, state, probability, tail = fork
+        if probability < self.min_probability:
+            return [main]
+        prefix = self._last_pieces[:at]
+        out = [*prefix, self.vocabulary.pieces[symbol][len(tail) :]]
+        self._follow(automaton, state, probability, out, len(self._last_pieces) + 1, max_chars)
+        alternative = "".join(out)[:max_chars]
+        return [main, alternative] if alternative and alternative != main else [main]
