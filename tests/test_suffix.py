@@ -95,13 +95,19 @@ def test_draft_stops_where_the_path_probability_falls_below_the_floor():
 
 
 def test_draft_length_grows_with_the_match_length():
-    """Adaptivity: a short match earns a short draft, a long one a long draft."""
-    body = " ".join(f"w{i}" for i in range(200))
-    short = drafter_on(body + " | w3 w4 w5")  # matches two pieces, " w5" may go on
-    long = drafter_on(body + " | " + " ".join(f"w{i}" for i in range(40)))
+    """Adaptivity: past a fork in the history, a short match earns a short
+    draft and a long one a long draft; a copy without forks runs on."""
+    shared = " ".join(f"a{i}" for i in range(30))
+    p_run, q_run = " ".join(f"p{i}" for i in range(30)), " ".join(f"q{i}" for i in range(30))
+    # After the shared run, two thirds of the history go on with p, one third with q.
+    body = f"x {shared} {p_run} . y {shared} {q_run} . z {shared} {p_run} . "
+    short = drafter_on(body + "| a26 a27 a28")  # a two-piece match (" a28" may still grow)
+    long = drafter_on(body + "| " + shared[: shared.index(" a29")])  # a 29-piece match
     short_draft, long_draft = split_pieces(short.propose(10_000)), split_pieces(long.propose(10_000))
-    assert 0 < len(short_draft) <= 2 * 2 + 2
-    assert len(long_draft) > 60
+    assert short_draft[:2] == [" a29", " p0"] and len(short_draft) <= 2 * 2 + 2
+    assert long_draft[:2] == [" a29", " p0"] and len(long_draft) > 30
+    copy = drafter_on("say " + shared + " | a3 a4 a5")  # no fork anywhere
+    assert len(split_pieces(copy.propose(10_000))) > 20
 
 
 def test_outcomes_size_the_next_draft():

@@ -15,8 +15,10 @@ suffix tree (linear size, amortised constant-time extension, longest-match
 tracking in constant time per symbol) in far less Python.  Each state keeps
 how often its strings occurred, so a continuation is scored by frequency:
 the draft follows the most frequent next piece while the product of the
-choices' frequencies (the path probability) stays above a floor, and never
-runs longer than ``factor`` times the length of the match it came from.
+choices' frequencies (the path probability) stays above a floor.  Once the
+path has met a choice, it runs no longer than ``factor`` times the length of
+the match it came from; a path without choices (a copy) runs on to the
+draft length learned from earlier outcomes.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class SuffixAutomaton:
         self.length: list[int] = [0]
         self.count: list[int] = [0]
         self.first_end: list[int] = [0]  # symbols up to the end of the first occurrence
+        self.sequence: list[int] = []  # the symbols added, in order
         self.last = 0
         self.size = 0  # symbols added
 
@@ -95,6 +98,7 @@ class SuffixAutomaton:
                 link[q] = link[cur] = clone
         self.last = cur
         self.size += 1
+        self.sequence.append(symbol)
         # The new end position belongs to every suffix of the sequence.
         v, steps = cur, 0
         while v > 0 and steps < _MAX_COUNT_CHAIN:
@@ -364,10 +368,26 @@ class SuffixDrafter:
 
     def _follow(self, automaton: SuffixAutomaton, state: int, probability: float, out: list[str], cap: int, max_chars: int) -> float:
         """Extend ``out`` along the most frequent path from ``state`` while the
-        path probability stays above the floor; return the draft's score."""
+        path probability stays above the floor; return the draft's score.
+        ``out`` holds pieces, except that a copy's rest is one string."""
         nxt, count, pieces_of = automaton.next, automaton.count, self.vocabulary.pieces
-        score, chars = probability, sum(map(len, out))
-        while len(out) < cap and chars < max_chars:
+        score, chars, n = probability, sum(map(len, out)), len(out)
+        limit = self.length.limit
+        # The cap binds once the path has met a choice: while every step had a
+        # single continuation (a copy), the draft runs on to the length limit.
+        while chars < max_chars and n < limit and (n < cap or probability == 1.0):
+            if count[state] == 1:
+                # One occurrence: the rest of the path is the text after it,
+                # read off in one slice instead of piece by piece.
+                start = automaton.first_end[state]
+                rest = automaton.sequence[start : start + (limit - n if probability == 1.0 else cap - n)]
+                if min(rest, default=0) < 0:
+                    rest = rest[: next(k for k, x in enumerate(rest) if x < 0)]  # an output ends there
+                if rest:
+                    out.append("".join([pieces_of[x] for x in rest]))
+                    score += probability * len(rest)
+                    n += len(rest)
+                break
             edges = nxt[state]
             if len(edges) == 1:  # the common case deep in a match: one way on
                 ((symbol, state),) = edges.items()
@@ -395,6 +415,7 @@ class SuffixDrafter:
             out.append(piece)
             chars += len(piece)
             score += probability
+            n += 1
         return score
 
     def propose_alternatives(self, max_chars: int) -> list[str]:
