@@ -99,11 +99,13 @@ async def speculate(
     drafter.start(out.prompt)
     plain_next = False
     while out.finish_reason is None:
-        # 1. Draft locally.
+        # 1. Draft locally (while drafting pays for itself: ``DraftBudget``).
         started = time.perf_counter()
-        draft = drafter.propose(policy.max_draft_chars)
+        draft = drafter.propose(policy.max_draft_chars) if policy.costs.drafting.may_draft() else ""
         match = getattr(drafter, "last_match", 0)
-        stats.draft_s += time.perf_counter() - started
+        spent = time.perf_counter() - started
+        policy.costs.drafting.spend(spent)
+        stats.draft_s += spent
 
         # 2. Plan from what has been measured: check the draft, and how, or not.
         plan = policy.plan(draft, match, plain_next=plain_next, remaining=out.remaining)
@@ -192,6 +194,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
     split = False
     used_tokens = 0
     hunch: tuple[int, str] = (0, "")  # the last draft proposed, and where
+    paused_noted = False
 
     def close_group(from_index: int = 0) -> None:
         for b in group[from_index:]:
@@ -312,7 +315,18 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
             #    stream for an echo round that pays more.
             if group or replay or not units or main.live.opaque_tail:
                 continue
-            proposal = drafter.propose(policy.max_draft_chars)
+            budget = policy.costs.drafting
+            if budget.may_draft(time.perf_counter() - started):
+                asked = time.perf_counter()
+                proposal = drafter.propose(policy.max_draft_chars)
+                spent = time.perf_counter() - asked
+                budget.spend(spent)
+                stats.draft_s += spent
+            else:
+                proposal = ""
+                if not paused_noted:
+                    paused_noted = True
+                    stats.note(f"drafting paused: the drafter took {budget.spent_s:.1f} s and its drafts saved {budget.saved_s:.1f} s")
             match = getattr(drafter, "last_match", 0)
             # A draft must first have predicted the main stream's latest token:
             # most drafts that fail do so at once (free-form text), and this
@@ -358,6 +372,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
         if piece:
             yield piece
     seconds = time.perf_counter() - started
+    policy.costs.drafting.observe_elapsed(seconds)
     stats.observe_round("plain", calls=streams.opened, cancelled=streams.closed, seconds=seconds)
     stats.output_tokens += used_tokens
     if end is not None:
@@ -381,7 +396,9 @@ def _observe_group(policy: Policy, stats: GenerationStats, draft: str, accepted_
     drafted = round(len(draft) / policy.chars_per_token)
     accepted = round(accepted_chars / policy.chars_per_token)
     missed = accepted_chars < len(draft)
-    policy.observe_branches(kind, accepted, missed, saved_s=produced * policy.costs.per_token() - seconds)
+    saved_s = produced * policy.costs.per_token() - seconds
+    policy.observe_branches(kind, accepted, missed, saved_s=saved_s)
+    policy.costs.drafting.observe_saving(saved_s)
     stats.observe_draft(drafted_tokens=drafted, accepted_tokens=accepted, drafted_chars=len(draft), accepted_chars=accepted_chars, output_tokens=0, usage=Usage())
     stats.trace.append(["branches", len(draft), accepted, width, round(seconds, 3)])
 

@@ -68,6 +68,48 @@ class LinearCost:
         return self.fixed + self.per_token * max(0.0, x)
 
 
+class DraftBudget:
+    """Drafting has to pay for itself.
+
+    Prompt lookup and the suffix drafter cost microseconds; a draft model
+    costs tens of milliseconds per drafted token, and where it shares the
+    machine with the target it slows the target down as well (measured here:
+    SmolLM2-135M drafting next to a CPU vLLM made an edit 2.8x *slower*).
+    The time spent drafting may exceed what groups of side branches saved by
+    at most a small allowance, 5% of the time streamed plus half a second to
+    try; past that the client stops asking the drafter until savings (or the
+    allowance, as time passes) cover it again.
+
+    >>> b = DraftBudget()
+    >>> b.may_draft(elapsed_s=0.0)
+    True
+    >>> b.spend(1.0); b.may_draft(elapsed_s=2.0)
+    False
+    >>> b.observe_saving(2.0); b.may_draft(elapsed_s=2.0)
+    True
+    """
+
+    def __init__(self, allowance: float = 0.05, first_try_s: float = 0.5) -> None:
+        self.allowance = allowance
+        self.first_try_s = first_try_s
+        self.spent_s = 0.0
+        self.saved_s = 0.0
+        self.elapsed_s = 0.0  # streamed in earlier generations
+
+    def may_draft(self, elapsed_s: float = 0.0) -> bool:
+        budget = self.first_try_s + self.allowance * (self.elapsed_s + elapsed_s) + max(0.0, self.saved_s)
+        return self.spent_s <= budget
+
+    def spend(self, seconds: float) -> None:
+        self.spent_s += seconds
+
+    def observe_saving(self, seconds: float) -> None:
+        self.saved_s += seconds
+
+    def observe_elapsed(self, seconds: float) -> None:
+        self.elapsed_s += seconds
+
+
 class ServerCosts:
     """What this server's calls cost; shared by all generations of a client.
 
@@ -84,6 +126,8 @@ class ServerCosts:
         # Seconds between tokens of the main stream, by how many streams were
         # running at once (1: plain decoding; more: side branches batched in).
         self.step: dict[int, float] = {}
+        # The drafter's own cost, against what its drafts saved (per client).
+        self.drafting = DraftBudget()
 
     def per_token(self) -> float:
         if 1 in self.step:

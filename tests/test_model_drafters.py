@@ -262,3 +262,37 @@ def test_cli_missing_draft_model_is_one_line(tmp_path):
     assert done.returncode != 0
     assert done.stderr.strip().count("\n") == 0 and "does not exist" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+class SlowDrafter:
+    """Drafts that never hold, at 50 ms each: drafting must stop paying."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def start(self, prompt: str) -> None:
+        pass
+
+    def propose(self, max_chars: int) -> str:
+        import time
+
+        self.calls += 1
+        time.sleep(0.05)
+        return "zzzz zzzz zzzz"
+
+    def update(self, accepted: str, draft: str, accepted_draft_chars: int) -> None:
+        pass
+
+
+async def test_a_drafter_that_costs_more_than_it_saves_is_paused(served):
+    from .conftest import client_for
+
+    drafter = SlowDrafter()
+    async with client_for(drafter=drafter) as client:
+        result = await client.generate("The model reads the text. " * 3, max_tokens=80)
+    assert result.text == served.generate("The model reads the text. " * 3, 80)[0]
+    # 0.5 s to try, plus 5% of the time streamed: about ten 50 ms drafts, not 80.
+    assert drafter.calls < 20
+    assert any("drafting paused" in n for n in result.stats.notes)

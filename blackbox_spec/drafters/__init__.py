@@ -14,7 +14,7 @@ from typing import Callable
 
 from .._exceptions import ConfigurationError
 from .base import Drafter, DraftLength
-from .model import ModelDrafter
+from .model import ModelDrafter, vocabulary_of
 from .ngram import NGramDrafter, lookup_continuation
 from .suffix import SessionIndex, SuffixDrafter
 
@@ -60,14 +60,17 @@ class DrafterFactory:
 
     def load(self) -> None:
         """Load the draft model now (it takes seconds); a no-op otherwise."""
-        if self.kind == "llama" and self._model is None:
+        if self._model is not None or self.kind not in ("llama", "hf"):
+            return
+        if self.kind == "llama":
             from .llama import LlamaCppModel
 
             self._model = LlamaCppModel(self.draft_model)  # type: ignore[arg-type]
-        elif self.kind == "hf" and self._model is None:
+        else:
             from .hf import HFModel
 
             self._model = HFModel(self.draft_model, device=self.draft_device)
+        vocabulary_of(self._model)  # the healing index, built once, not in the first draft
 
     def __call__(self) -> Drafter:
         if self.kind == "ngram":

@@ -138,7 +138,7 @@ class ModelDrafter:
         if len(tokens) < 2:
             return ""
         # Token healing: regenerate the last token, constrained to start with it.
-        vocabulary, prefixes = _vocabulary_of(self.model)
+        vocabulary, prefixes = vocabulary_of(self.model)
         healed = vocabulary[tokens[-1]]
         allowed = prefixes.starting_with(healed) if healed else None
         context = tokens[:-1] if healed else tokens
@@ -159,7 +159,7 @@ class ModelDrafter:
 _VOCABULARIES: "weakref.WeakKeyDictionary[object, tuple[list[bytes], PrefixIndex]]" = weakref.WeakKeyDictionary()
 
 
-def _vocabulary_of(model: DraftModel) -> tuple[list[bytes], PrefixIndex]:
+def vocabulary_of(model: DraftModel) -> tuple[list[bytes], PrefixIndex]:
     known = _VOCABULARIES.get(model)
     if known is None:
         vocabulary = model.vocabulary()
