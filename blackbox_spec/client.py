@@ -114,6 +114,12 @@ class SpecClient:
     async def aclose(self) -> None:
         await self.api.aclose()
 
+    async def load_drafter(self) -> None:
+        """Load the draft model now, off the event loop (it takes seconds);
+        otherwise the first generation does it.  A no-op for other drafters."""
+        if isinstance(self._new_drafter, DrafterFactory):
+            await asyncio.to_thread(self._new_drafter.load)
+
     # -- probing -----------------------------------------------------------------
 
     async def ensure_model(self) -> str:
@@ -203,8 +209,7 @@ class SpecClient:
             async for piece in decode_plainly(self.api, out, stats):
                 yield piece
             return
-        if isinstance(self._new_drafter, DrafterFactory):
-            await asyncio.to_thread(self._new_drafter.load)  # seconds, once: off the event loop
+        await self.load_drafter()
         drafter = self._new_drafter()
         policy = Policy(available, self.costs, forced=forced, fanout_width=self.fanout_width, max_draft_chars=self.max_draft_chars)
         policy.context_tokens = len(out.prompt) / policy.chars_per_token

@@ -49,6 +49,7 @@ class Cell:
     runs: list[Run] = field(default_factory=list)
     divergences: list[str] = field(default_factory=list)
     mismatches: int = 0  # divergences that were not near-ties
+    text: str = ""  # the first run's output (plain cells: the reference for replays)
 
     @property
     def median_wall_s(self) -> float:
@@ -157,6 +158,8 @@ async def run_bench(
         report.server.setdefault("model", await plain_client.ensure_model())
         for client in spec_clients.values():
             client.api.model = plain_client.model
+        for client in spec_clients.values():
+            await client.load_drafter()  # loading a draft model is not part of any timed run
         report.server["capabilities"] = asdict(await next(iter(spec_clients.values()), plain_client).probe()) if spec_clients else {}
         total = len(prompts) * repeats * (1 + len(configs))
         done = 0
@@ -177,6 +180,8 @@ async def run_bench(
                     result: GenerationResult = await client.generate(prompt.text, max_tokens=budget)
                     wall = time.perf_counter() - started
                     texts[label] = result.text
+                    if not cells[label].text:
+                        cells[label].text = result.text
                     cells[label].runs.append(Run(wall, result.stats.output_tokens, result.stats.to_dict()))
                     done += 1
                     if progress:

@@ -77,6 +77,33 @@ async def test_vllm_each_forced_strategy_is_exact(vllm_target, vllm_clients, str
     assert spec.stats.strategy_rounds.get(strategy), f"{strategy} was never used: {spec.stats.trace}"
 
 
+async def test_vllm_suffix_drafter_over_an_agent_session_is_exact(vllm_target, vllm_clients):
+    """Turns of one session through one client: later turns draft from the
+    earlier answers the suffix drafter remembers."""
+    plain_client, _ = vllm_clients
+    turns = [p for p in PROMPTS if p.session == "agent-class"][:3]
+    async with SpecClient(vllm_target.base_url, model=vllm_target.model, drafter="suffix") as client:
+        for prompt in turns:
+            plain = await plain_client.generate(prompt.text, max_tokens=CI_TOKENS)
+            spec = await client.generate(prompt.text, max_tokens=CI_TOKENS)
+            await assert_same(vllm_target, prompt.name, prompt.text, plain.text, spec.text, "suffix", CI_TOKENS)
+        assert client.session_index is not None and client.session_index.pieces > 100
+
+
+@pytest.mark.parametrize("name", ["rename-js", "story"])
+async def test_vllm_with_a_gguf_draft_model_is_exact(vllm_target, vllm_clients, name):
+    from blackbox_spec.servers.models import ensure_model
+
+    gguf = ensure_model("qwen2.5-coder-0.5b", log=lambda _: None)
+    prompt = next(p for p in PROMPTS if p.name == name)
+    plain_client, _ = vllm_clients
+    plain = await plain_client.generate(prompt.text, max_tokens=96)
+    async with SpecClient(vllm_target.base_url, model=vllm_target.model, drafter="llama", draft_model=str(gguf)) as client:
+        spec = await client.generate(prompt.text, max_tokens=96)
+    await assert_same(vllm_target, name, prompt.text, plain.text, spec.text, "llama drafter", 96)
+    assert spec.stats.draft_s > 0  # the draft model did draft
+
+
 async def test_vllm_plain_client_matches_a_raw_http_call(vllm_target, vllm_clients):
     """The baseline itself: our plain (streamed) call against a bare request."""
     plain_client, _ = vllm_clients
