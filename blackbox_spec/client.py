@@ -79,8 +79,7 @@ class SpecClient:
         url, key = resolve_settings(base_url, api_key)
         # Checked now; one drafter is built per generation (a draft model and
         # the suffix drafter's session index are shared between them).
-        options = {"draft_model": draft_model, "draft_device": draft_device} if isinstance(drafter, str) else {"draft_model": draft_model}
-        self._new_drafter = drafter_factory(drafter, **options)
+        self._new_drafter = drafter_factory(drafter, draft_model=draft_model, draft_device=draft_device)
         self.strategy = strategy
         self.fanout_width = fanout_width
         self.max_draft_chars = max_draft_chars

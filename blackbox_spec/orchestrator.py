@@ -100,12 +100,8 @@ async def speculate(
     plain_next = False
     while out.finish_reason is None:
         # 1. Draft locally (while drafting pays for itself: ``DraftBudget``).
-        started = time.perf_counter()
-        draft = drafter.propose(policy.max_draft_chars) if policy.costs.drafting.may_draft() else ""
+        draft = _propose(drafter, policy, stats) or ""
         match = getattr(drafter, "last_match", 0)
-        spent = time.perf_counter() - started
-        policy.costs.drafting.spend(spent)
-        stats.draft_s += spent
 
         # 2. Plan from what has been measured: check the draft, and how, or not.
         plan = policy.plan(draft, match, plain_next=plain_next, remaining=out.remaining)
@@ -315,17 +311,12 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
             #    stream for an echo round that pays more.
             if group or replay or not units or main.live.opaque_tail:
                 continue
-            budget = policy.costs.drafting
-            if budget.may_draft(time.perf_counter() - started):
-                asked = time.perf_counter()
-                proposal = drafter.propose(policy.max_draft_chars)
-                spent = time.perf_counter() - asked
-                budget.spend(spent)
-                stats.draft_s += spent
-            else:
+            proposal = _propose(drafter, policy, stats, time.perf_counter() - started)
+            if proposal is None:
                 proposal = ""
                 if not paused_noted:
                     paused_noted = True
+                    budget = policy.costs.drafting
                     stats.note(f"drafting paused: the drafter took {budget.spent_s:.1f} s and its drafts saved {budget.saved_s:.1f} s")
             match = getattr(drafter, "last_match", 0)
             # A draft must first have predicted the main stream's latest token:
@@ -381,6 +372,20 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
     stats.completion_tokens_billed += sum(b.tokens_seen for b in streams.branches)
     stats.trace.append(["stream", 0, 0, used_tokens, round(seconds, 3)])
     policy.observe_stream(used_tokens, seconds, plain=streams.opened == 1)
+
+
+def _propose(drafter: Drafter, policy: Policy, stats: GenerationStats, elapsed_s: float = 0.0) -> str | None:
+    """The drafter's proposal, timed against the drafting budget; None while
+    drafting is paused (it has cost more than it saved)."""
+    budget = policy.costs.drafting
+    if not budget.may_draft(elapsed_s):
+        return None
+    asked = time.perf_counter()
+    proposal = drafter.propose(policy.max_draft_chars)
+    spent = time.perf_counter() - asked
+    budget.spend(spent)
+    stats.draft_s += spent
+    return proposal
 
 
 def _tell_outcome(drafter: Drafter, draft: str, accepted_chars: int) -> None:

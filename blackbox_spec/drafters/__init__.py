@@ -86,13 +86,13 @@ def _require(module: str, message: str) -> None:
         raise ConfigurationError(message)
 
 
-def drafter_factory(spec: "str | Drafter | None", **options) -> Callable[[], Drafter] | None:
+def drafter_factory(spec: "str | Drafter | None", *, draft_model: str | None = None, draft_device: str = "cpu") -> Callable[[], Drafter] | None:
     """What ``SpecClient(drafter=...)`` accepts: a name, a drafter instance
     (used for every generation), or None / "none" for plain decoding."""
     if spec is None or spec == "none":
         return None
     if isinstance(spec, str):
-        return DrafterFactory(spec, **options)
-    if options.get("draft_model"):
+        return DrafterFactory(spec, draft_model=draft_model, draft_device=draft_device)
+    if draft_model:
         raise ConfigurationError("draft_model is for drafter='llama' or 'hf'")
     return lambda: spec  # type: ignore[return-value]

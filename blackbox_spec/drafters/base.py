@@ -33,6 +33,16 @@ class Drafter(Protocol):
         """The generation is over (drafters with a memory keep its text)."""
 
 
+def draft_rest(draft: str, written: str) -> str:
+    """What is left of ``draft`` once the text has gone on by ``written``;
+    empty if the text left the draft.  Drafters propose it again for free.
+
+    >>> draft_rest("abcdef", "ab"), draft_rest("abcdef", "ax")
+    ('cdef', '')
+    """
+    return draft[len(written) :] if draft.startswith(written) else ""
+
+
 class DraftLength:
     """How long the next draft may be, learned from the last ones' outcomes.
 

@@ -24,7 +24,7 @@ import bisect
 import weakref
 from typing import Protocol, Sequence
 
-from .base import DraftLength
+from .base import DraftLength, draft_rest
 
 
 class DraftModel(Protocol):
@@ -111,9 +111,9 @@ class ModelDrafter:
             return ""
         # The context still follows the last draft: propose the rest of it.
         if self._draft_at >= 0:
-            written = self.text[self._draft_at :]
-            if len(written) < len(self._draft) and self._draft.startswith(written):
-                return self._draft[len(written) :][:max_chars]
+            rest = draft_rest(self._draft, self.text[self._draft_at :])
+            if rest:
+                return rest[:max_chars]
         self._draft_at, self._draft = len(self.text), self._fresh_draft()
         return self._draft[:max_chars]
 

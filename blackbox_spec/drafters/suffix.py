@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from .base import DraftLength
+from .base import DraftLength, draft_rest
 from .ngram import SPECIAL_START, follow_copy, resync
 
 # A word with at most one leading space or tab, a run of punctuation likewise,
@@ -224,9 +224,6 @@ class SuffixDrafter:
 
     def start(self, prompt: str) -> None:
         self.local = SuffixAutomaton()
-        self.prompt_chars = len(prompt)
-        self.committed: list[int] = []  # symbols of all pieces but the last
-        self.committed_chars = 0
         self.char_ends: list[int] = [0]  # character offset after each committed piece
         self.tail = ""  # the last piece, which may still grow
         self.text = ""
@@ -246,9 +243,8 @@ class SuffixDrafter:
         # While the text follows the last draft, its rest is still the best
         # guess (the orchestrator asks after every token): no new search.
         if self.reuse and self._draft_at >= 0:
-            written = self.generated[self._draft_at :]
-            rest = self._draft[len(written) :]
-            if self._draft.startswith(written) and 2 * len(rest) >= len(self._draft) and rest:
+            rest = draft_rest(self._draft, self.generated[self._draft_at :])
+            if 2 * len(rest) >= len(self._draft) and rest:
                 return rest[:max_chars]
         self._draft_at, self._draft = len(self.generated), self._fresh_draft(max_chars)
         return self._draft
@@ -325,15 +321,14 @@ class SuffixDrafter:
         ends = self.char_ends
         for piece in pieces:
             symbol = vocabulary.id(piece)
-            automaton.extend(symbol)
-            self.committed.append(symbol)
+            automaton.extend(symbol)  # its ``sequence``: the symbols of all pieces but the last
             ends.append(ends[-1] + len(piece))
             self.global_state, self.global_matched = session.walk(self.global_state, self.global_matched, symbol)
 
     def _rewalk(self) -> None:
         self._walked = automaton = self.session.automaton
         state = matched = 0
-        for symbol in self.committed[-4 * self.length.high :]:
+        for symbol in self.local.sequence[-4 * self.length.high :]:
             state, matched = automaton.walk(state, matched, symbol)
         self.global_state, self.global_matched = state, matched
 
