@@ -207,6 +207,10 @@ async def _run(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
         draft_model=args.draft_model, draft_device=args.draft_device,
         strategy=strategy, timeout=args.timeout, fanout_width=args.fanout_width,
     ) as client:
+        if args.drafter in ("llama", "hf"):
+            if not args.quiet:
+                _log(f"loading the draft model {args.draft_model} (seconds, once per run)")
+            await client.load_drafter()
         stream = client.stream(prompt, max_tokens=args.max_tokens, stop=args.stop)
         result_box.append(stream.result)
         async for piece in stream:

@@ -296,3 +296,22 @@ async def test_a_drafter_that_costs_more_than_it_saves_is_paused(served):
     # 0.5 s to try, plus 1% of the time streamed: about ten 50 ms drafts, not 80.
     assert drafter.calls < 20
     assert any("drafting paused" in n for n in result.stats.notes)
+
+
+def test_cli_says_it_is_loading_a_draft_model(tmp_path):
+    """A draft model takes seconds to load: the CLI says so before the text."""
+    from .tiny_models import tiny_model
+
+    model, tokenizer = tiny_model()
+    folder = tmp_path / "tiny"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    done = subprocess.run(
+        [sys.executable, "-m", "blackbox_spec.cli", "run", str(prompt), "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
+         "--drafter", "hf", "--draft-model", str(folder)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert "loading the draft model" in done.stderr
+    assert done.returncode != 0 and "Traceback" not in done.stderr  # nothing listens on port 9: one error line after it
