@@ -18,13 +18,49 @@ from .._exceptions import ConfigurationError
 from .model import common_prefix
 
 
-def _import_hf():
+def _import_hf(feature: str = "--drafter hf"):
     try:
         import torch
         import transformers
     except ImportError:
-        raise ConfigurationError("--drafter hf needs torch and transformers: pip install 'blackbox-spec[hf]'") from None
+        raise ConfigurationError(f"{feature} needs torch and transformers: pip install 'blackbox-spec[hf]'") from None
     return torch, transformers
+
+
+def load_folder(path: str | os.PathLike[str], *, device: str, dtype: str, role: str, option: str, hint: str, feature: str = "--drafter hf") -> tuple[Any, Any]:
+    """A transformers causal LM and its tokenizer from a local folder, or a
+    one-line :class:`ConfigurationError` (``role`` and ``option`` name what
+    the user passed, e.g. "draft model" and "--draft-device"; ``hint`` is
+    what to do with a path that is not a folder)."""
+    torch, transformers = _import_hf(feature)
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise ConfigurationError(f"{role} {folder} does not exist")
+    if not folder.is_dir() or not (folder / "config.json").exists():
+        raise ConfigurationError(f"{role} {folder} is not a transformers folder (no config.json); {hint}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigurationError(f"{option} cuda, but torch sees no CUDA device")
+    transformers.utils.logging.disable_progress_bar()  # one bar per weight file clutters the CLI's stderr
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(f"cannot load {role} {folder}: {str(exc).splitlines()[0]}") from None
+    return model, tokenizer
+
+
+def cache_argument(model: Any) -> str:
+    """The forward argument that takes the KV cache (transformers 5 renamed
+    ``past_key_values`` to ``cache``)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def end_tokens(model: Any, tokenizer: Any) -> set[int]:
+    """Every id that ends a generation: the config's, the generation config's
+    (instruct models list two) and the tokenizer's."""
+    found = [getattr(model.config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)]
+    found.append(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+    return {int(e) for x in found if x is not None for e in (x if isinstance(x, (list, tuple)) else [x])}
 
 
 class HFModel:
@@ -40,35 +76,21 @@ class HFModel:
         tokenizer: Any = None,
         max_context: int = 8192,
     ) -> None:
-        torch, transformers = _import_hf()
-        self.torch = torch
+        self.torch, _ = _import_hf()
         if model is None:
             if path is None:
                 raise ConfigurationError("HFModel needs a folder path or a loaded model")
-            folder = Path(path).expanduser()
-            if not folder.exists():
-                raise ConfigurationError(f"draft model {folder} does not exist")
-            if not folder.is_dir() or not (folder / "config.json").exists():
-                raise ConfigurationError(f"draft model {folder} is not a transformers folder (no config.json); for a .gguf file use --drafter llama")
-            if device.startswith("cuda") and not torch.cuda.is_available():
-                raise ConfigurationError("--draft-device cuda, but torch sees no CUDA device")
-            try:
-                tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-                model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
-            except (OSError, ValueError) as exc:
-                raise ConfigurationError(f"cannot load draft model {folder}: {str(exc).splitlines()[0]}") from None
-            self.name = f"hf:{folder.name}"
+            model, tokenizer = load_folder(path, device=device, dtype=dtype, role="draft model", option="--draft-device", hint="for a .gguf file use --drafter llama")
+            self.name = f"hf:{Path(path).name}"
         else:
             self.name = f"hf:{type(model).__name__}"
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = device
         self.max_context = max_context
-        ends = {getattr(model.config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)}
-        self._ends = {int(e) for x in ends if x is not None for e in (x if isinstance(x, (list, tuple)) else [x])}
-        # transformers 5 renamed ``past_key_values`` to ``cache``.
+        self._ends = end_tokens(model, tokenizer)
+        self._cache_arg = cache_argument(self.model)
         parameters = inspect.signature(self.model.forward).parameters
-        self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
         self._cache: Any = None
         self._held: list[int] = []  # tokens whose keys and values the cache holds
