@@ -1,0 +1,164 @@
+"""Speculative sampling as pure torch functions (Leviathan et al. 2023, Alg. 1).
+
+Names follow the paper: **p** is the target's distribution, **q** the
+draft's.  Each draft token x_i was sampled from q_i.  Then, per position:
+
+- **accepted**: x_i is kept when u_i < p_i(x_i) / q_i(x_i), u_i ~ U[0, 1)
+  (always when p_i(x_i) >= q_i(x_i));
+- **recovered**: at the first rejection, a token is sampled from the residual
+  r = max(p_i - q_i, 0) / Σ max(p_i - q_i, 0), and the round ends;
+- **bonus**: when all k draft tokens are accepted, one more token is sampled
+  from p_{k+1}, the target's row after the last draft token.
+
+Every round therefore emits between 1 and k+1 tokens, distributed exactly as
+k+1 draws from p alone (for any q).  Temperature, top-k and top-p are applied
+to p and q alike *before* the rule (:func:`sampling_probs`); the output then
+follows the target's warped distribution, which is what plain sampling with
+the same settings draws from.  Temperature 0 makes p and q one-hot: the rule
+reduces to greedy prefix matching, and the recovered token is p's argmax.
+
+All functions are batched over a leading row dimension, run on any device,
+and take an explicit ``torch.Generator`` so that a seed reproduces a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+NO_TOKEN = -1  # fills the positions after a row's last emitted token
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How logits become a distribution; the same for p and q.
+
+    ``temperature=0`` is greedy; ``top_k=0`` and ``top_p=1`` switch those
+    filters off.  Ties at the k-th logit are all kept, and top-p keeps the
+    smallest set of most likely tokens whose mass reaches ``top_p`` (so the
+    most likely token always stays).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Logits [..., V] → probabilities [..., V] after temperature, top-k, top-p.
+
+    >>> sampling_probs(torch.tensor([1.0, 3.0, 2.0]), SamplingParams(temperature=0))
+    tensor([0., 1., 0.])
+    >>> sampling_probs(torch.log(torch.tensor([0.5, 0.3, 0.2])), SamplingParams(top_p=0.7)).round(decimals=3)
+    tensor([0.6250, 0.3750, 0.0000])
+    """
+    if logits.dtype not in (torch.float32, torch.float64):
+        logits = logits.float()  # half-precision softmax loses the tail
+    if params.greedy:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1:
+        ordered, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+        probs = torch.softmax(ordered, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        # A token is dropped once the more likely ones already reach top_p.
+        drop_sorted = mass_before >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of ``probs`` [B, V] (rows need not sum to 1) → [B]."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def rejection_sample(
+    draft_tokens: torch.Tensor,  # [B, k] int64, x_i ~ q_i
+    q: torch.Tensor,  # [B, k, V] the draft's probabilities for each x_i
+    p: torch.Tensor,  # [B, k+1, V] the target's, one more row for the bonus
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One round of the rule: the emitted tokens [B, k+1] and their count [B].
+
+    Row b emits ``draft_tokens[b, :n-1]`` (accepted) and one recovered or
+    bonus token, where n = count[b]; the rest of the row is ``NO_TOKEN``.
+    The random numbers drawn do not depend on the outcome (k uniforms and
+    one multinomial per row), so a seeded generator replays a run exactly.
+
+    >>> p = torch.tensor([[[0.0, 1.0], [1.0, 0.0]]])
+    >>> q = torch.tensor([[[0.0, 1.0]]])   # the draft is sure of token 1 and right
+    >>> rejection_sample(torch.tensor([[1]]), q, p)
+    (tensor([[1, 0]]), tensor([2]))
+    >>> rejection_sample(torch.tensor([[0]]), torch.tensor([[[1.0, 0.0]]]), p)  # wrong: recovered 1
+    (tensor([[ 1, -1]]), tensor([1]))
+    """
+    rows, k = draft_tokens.shape
+    index = draft_tokens.unsqueeze(-1)
+    p_x = p[:, :k].gather(-1, index).squeeze(-1)  # [B, k]
+    q_x = q.gather(-1, index).squeeze(-1)  # [B, k]
+    u = torch.rand((rows, k), generator=generator, device=p.device, dtype=p.dtype)
+    accepted = u * q_x < p_x  # u < p/q without dividing by a q of 0
+    n_accepted = torch.cumprod(accepted.to(torch.int64), dim=-1).sum(-1)  # [B]
+
+    # Row n_accepted of p is where the round ends: a rejection (recovered
+    # from the residual) or, when n_accepted == k, the bonus row (q there is 0).
+    end = n_accepted.view(rows, 1, 1).expand(rows, 1, p.shape[-1])
+    p_end = p.gather(1, end).squeeze(1)
+    q_padded = torch.cat([q, torch.zeros_like(p[:, :1])], dim=1)
+    q_end = q_padded.gather(1, end).squeeze(1)
+    residual = (p_end - q_end).clamp_min(0)
+    # p == q leaves no residual, but then the rejection had probability 0;
+    # only rounding reaches here, and p is the right fallback.
+    empty = residual.sum(-1, keepdim=True) <= 0
+    last = sample(torch.where(empty, p_end, residual), generator)
+
+    positions = torch.arange(k + 1, device=p.device)
+    tokens = torch.cat([draft_tokens, torch.full((rows, 1), NO_TOKEN, dtype=draft_tokens.dtype, device=p.device)], dim=1)
+    tokens = torch.where(positions < n_accepted.unsqueeze(-1), tokens, NO_TOKEN)
+    tokens.scatter_(1, n_accepted.unsqueeze(-1), last.unsqueeze(-1))
+    return tokens, n_accepted + 1
+
+
+def expected_acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """β = Σ_x min(p(x), q(x)) per row: the chance that a draft token from q is
+    accepted (the paper's α is its mean).  p, q: [..., V] → [...]."""
+    return torch.minimum(p, q).sum(-1)
+
+
+def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
+    """The paper's expected walltime improvement (1 − α^(γ+1)) / ((1 − α)(γc + 1)),
+    which assumes a target step costs the same for γ+1 tokens as for one.
+
+    >>> round(leviathan_speedup(0.8, 4, 0.1), 3)
+    2.401
+    """
+    tokens_per_round = gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens_per_round / (gamma * c + 1)
+
+
+def as_generator(seed: int | None, device: Any = "cpu") -> torch.Generator:
+    """A generator on ``device``: seeded when ``seed`` is given, else from entropy."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
