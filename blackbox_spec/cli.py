@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn, Sequence
 
-from ._exceptions import BlackboxSpecError, PromptError, TargetResponseError, redact
-from ._stats import GenerationResult
+from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetResponseError, redact
+from ._stats import GenerationResult, GenerationStats
 from .client import SpecClient
 from .drafters import DRAFTERS
 
@@ -33,9 +33,11 @@ examples:
   bspec run prompt.txt --drafter llama --draft-model qwen-0.5b.gguf   # a small local model
   bspec run prompt.txt --strategy fanout --json  # force one verification strategy
   cat prompt.txt | bspec run -                   # prompt from standard input
+  bspec run prompt.txt --local --target-model qwen-1.5b/ --draft-model qwen-0.5b/ --temperature 0.7 --seed 1
 
 The output is exactly what a plain temperature-0 call to the same server
-returns.  OPENAI_BASE_URL and OPENAI_API_KEY are read when the flags are not
+returns.  With --local both models run here (transformers) and the output is
+sampled exactly from the target's distribution at any temperature.  OPENAI_BASE_URL and OPENAI_API_KEY are read when the flags are not
 given, as the openai SDK does.
 """
 
@@ -71,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one server response (default: 600)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     run.add_argument("--quiet", action="store_true", help="do not print the stats line on stderr")
+    _add_local_arguments(run)
     _add_bench_parser(commands)
     _add_server_parser(commands)
     probe = commands.add_parser(
@@ -136,9 +139,25 @@ DRAFTER_HELP = (
 
 
 def _add_drafter_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--drafter", choices=[*DRAFTERS, "none"], default="ngram", help=DRAFTER_HELP)
+    parser.add_argument("--drafter", choices=[*DRAFTERS, "none"], help=DRAFTER_HELP + " (default: ngram; with --local: hf when --draft-model is given)")
     parser.add_argument("--draft-model", metavar="PATH", help="the draft model for --drafter llama (a .gguf file) or hf (a transformers folder)")
     parser.add_argument("--draft-device", default="cpu", metavar="DEV", help="torch device for --drafter hf: cpu or cuda (default: cpu)")
+
+
+LOCAL_ONLY = ("temperature", "top_p", "top_k", "seed", "device", "gamma", "dtype", "target_model")
+
+
+def _add_local_arguments(parser: argparse.ArgumentParser) -> None:
+    local = parser.add_argument_group("local target mode (--local): both models run here, sampling at any temperature")
+    local.add_argument("--local", action="store_true", help="run the target here with transformers (full speculative sampling, distribution-exact) instead of calling an API")
+    local.add_argument("--target-model", metavar="PATH", help="the target: a transformers folder (a .gguf converts with `bspec server prepare vllm`)")
+    local.add_argument("--temperature", type=_non_negative_float, metavar="T", help="sampling temperature; 0 is greedy (default: 1.0)")
+    local.add_argument("--top-p", type=_probability, metavar="P", help="keep the most likely tokens up to this mass (default: 1.0, off)")
+    local.add_argument("--top-k", type=_non_negative_int, metavar="K", help="keep the K most likely tokens (default: 0, off)")
+    local.add_argument("--seed", type=int, metavar="S", help="seed for reproducible samples (default: random)")
+    local.add_argument("--device", choices=["cpu", "cuda"], help="where both models run (default: cpu)")
+    local.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weights' type (default: auto = float32 on cpu, bfloat16 on cuda)")
+    local.add_argument("--gamma", type=_positive_int, metavar="K", help="draft tokens per round, the paper's γ (default: 4)")
 
 
 DTYPE_HELP = (
@@ -173,6 +192,36 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}")
+    return number
+
+
+def _non_negative_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}") from None
+    if not number >= 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value!r}")
+    return number
+
+
+def _probability(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value!r}") from None
+    if not 0 < number <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value!r}")
+    return number
+
+
 def _version() -> str:
     from . import __version__
 
@@ -198,9 +247,70 @@ def read_prompt(path: str) -> str:
     return text
 
 
+def _check_mode(args: argparse.Namespace) -> None:
+    """Options of the other mode are a one-line error, not silently ignored."""
+    if args.local:
+        for name in ("base_url", "api_key", "model", "stop"):
+            if getattr(args, name) is not None:
+                raise ConfigurationError(f"--{name.replace('_', '-')} is for the API mode; with --local the target runs here (--target-model)")
+        if args.target_model is None:
+            raise ConfigurationError("--local needs --target-model PATH (a transformers folder)")
+        if args.drafter not in (None, "hf", "none"):
+            raise ConfigurationError(f"--local drafts with a transformers model (--draft-model DIR); --drafter {args.drafter} is for the API mode")
+        if args.drafter == "none" and args.draft_model:
+            raise ConfigurationError("--drafter none samples from the target alone; leave out --draft-model")
+        if args.drafter != "none" and not args.draft_model:
+            raise ConfigurationError("--local needs --draft-model DIR (sharing the target's tokenizer), or --drafter none for plain sampling")
+        return
+    given = [f"--{name.replace('_', '-')}" for name in LOCAL_ONLY if getattr(args, name) is not None]
+    if given:
+        raise ConfigurationError(f"{' '.join(given)} {'needs' if len(given) == 1 else 'need'} --local: the API mode is exact greedy decoding (temperature 0)")
+
+
+def _run_local(args: argparse.Namespace, result_box: list[GenerationResult]) -> int:
+    from .local import LocalSpeculator, SamplingParams
+
+    prompt = read_prompt(args.prompt_file)
+    try:
+        sampling = SamplingParams(
+            temperature=1.0 if args.temperature is None else args.temperature,
+            top_k=args.top_k or 0, top_p=1.0 if args.top_p is None else args.top_p,
+        )
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    if not args.quiet:
+        _log(f"loading {args.target_model}" + (f" and {args.draft_model}" if args.draft_model else "") + " (seconds to minutes)")
+    speculator = LocalSpeculator.from_pretrained(
+        args.target_model, args.draft_model if args.drafter != "none" else None,
+        device=args.device or "cpu", dtype=args.dtype or "auto", gamma=args.gamma or 4,
+    )
+    shown = GenerationResult(text="", stats=GenerationStats())
+    result_box.append(shown)  # what was printed survives an interrupt
+
+    def on_text(piece: str) -> None:
+        shown.text += piece
+        if not args.json:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+    result = speculator.generate(prompt, max_tokens=args.max_tokens, sampling=sampling, seed=args.seed, on_text=on_text)
+    result_box[0] = result
+    name = Path(args.target_model).name
+    if args.json:
+        data = _json_object(result, name)
+        data["stats"]["local"] = result.local.to_dict()  # type: ignore[attr-defined]
+        print(json.dumps(data, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        if not args.quiet:
+            print(_summary(result) + f", alpha {result.local.alpha:.2f}", file=sys.stderr)  # type: ignore[attr-defined]
+    return 0
+
+
 async def _run(args: argparse.Namespace, result_box: list[GenerationResult]) -> int:
     prompt = read_prompt(args.prompt_file)
     strategy = "echo" if args.strategy == "logprobs" else args.strategy
+    args.drafter = args.drafter or "ngram"
     async with SpecClient(
         args.base_url, args.api_key, args.model,
         drafter=None if args.drafter == "none" else args.drafter,
@@ -339,6 +449,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _server(args)
         if args.command == "probe":
             return asyncio.run(_probe(args))
+        _check_mode(args)
+        if args.local:
+            return _run_local(args, box)
         return asyncio.run(_run(args, box))
     except BlackboxSpecError as exc:
         message = redact(str(exc), secret)

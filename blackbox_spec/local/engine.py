@@ -1,0 +1,327 @@
+"""Local target mode: target and draft are transformers models on this machine.
+
+Unlike the black-box mode, both distributions are visible here, so the whole
+algorithm of the paper runs: sampling at any temperature, with the output
+distributed exactly as the target alone would sample it
+(:mod:`.sampling`).  Each round costs k draft forwards of one token and
+**one** target forward over the pending token and the k draft tokens.
+
+Both models keep a KV cache across rounds.  Rows of a batch (n samples of
+one prompt) accept different numbers of tokens, so rejected tokens are not
+cut out of the middle of a shared cache: they become *holes* (attention mask
+0) and each row counts its own positions.  The tail that is a hole in every
+row is cropped, which for a single row is a plain rollback.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .._exceptions import ConfigurationError
+from .._stats import GenerationResult, GenerationStats
+from ..drafters.hf import _import_hf, cache_argument, end_tokens, load_folder
+from .sampling import NO_TOKEN, SamplingParams, as_generator, expected_acceptance, rejection_sample, sample, sampling_probs
+
+torch, _ = _import_hf("local target mode (--local)")
+
+
+class CachedLM:
+    """A causal LM and a KV cache serving ``rows`` continuations of one prompt."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self._cache_arg = cache_argument(model)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.forwards = 0
+        self.reset(1)
+
+    def reset(self, rows: int) -> None:
+        self._cache: Any = None
+        self.mask = torch.zeros((rows, 0), dtype=torch.int64, device=self.device)  # 1 = a token, 0 = a hole
+        self.lengths = torch.zeros(rows, dtype=torch.int64, device=self.device)  # tokens (not holes) per row
+
+    def forward(self, ids: torch.Tensor, valid: torch.Tensor, last: int) -> torch.Tensor:
+        """Logits [B, last, V] after the last ``last`` of ids [B, w]; where
+        ``valid`` is False the slot is a hole (left padding for rows with
+        fewer new tokens)."""
+        extra = {"logits_to_keep": last} if self._keeps_logits else {}
+        valid = valid.to(torch.int64)
+        positions = (self.lengths.unsqueeze(1) + torch.cumsum(valid, 1) - 1).clamp_min(0)
+        mask = torch.cat([self.mask, valid], dim=1)
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra, **{self._cache_arg: self._cache})
+        self._cache = getattr(out, self._cache_arg)
+        self.mask, self.lengths = mask, self.lengths + valid.sum(1)
+        self.forwards += 1
+        return out.logits[:, -last:]
+
+    def forget_last(self, counts: torch.Tensor) -> None:
+        """Turn the newest ``counts[b]`` tokens of row b into holes (they were
+        rejected), then crop the tail that every row has forgotten."""
+        width = self.mask.shape[1]
+        newest = torch.arange(width, device=self.device) >= width - counts.unsqueeze(1)
+        self.mask = self.mask.masked_fill(newest, 0)
+        self.lengths = self.lengths - counts
+        used = self.mask.any(0).nonzero()
+        keep = int(used[-1]) + 1 if len(used) else 0
+        if keep < width:
+            # A negative count removes that many positions in every
+            # transformers release (a positive one meant "keep" before 5.0).
+            self._cache.crop(keep - width)
+            self.mask = self.mask[:, :keep]
+
+
+@dataclass
+class LocalStats:
+    """What the local rounds did, beyond :class:`GenerationStats`: enough
+    for the paper's α (mean β over examined positions) and c."""
+
+    gamma: int = 0
+    draft_forwards: int = 0
+    target_forwards: int = 0
+    examined_positions: int = 0  # draft positions the rule looked at
+    rejections: int = 0
+    beta_sum: float = 0.0  # Σ β = Σ_x min(p, q) over examined positions
+    round_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def alpha(self) -> float:
+        """The paper's α, estimated as the mean of β = Σ min(p, q)."""
+        return self.beta_sum / self.examined_positions if self.examined_positions else 0.0
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        return sum(self.round_tokens) / self.target_forwards if self.target_forwards else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gamma": self.gamma, "alpha": round(self.alpha, 4), "draft_forwards": self.draft_forwards,
+            "target_forwards": self.target_forwards, "tokens_per_target_forward": round(self.tokens_per_target_forward, 3),
+            "examined_positions": self.examined_positions, "rejections": self.rejections,
+        }
+
+
+class LocalSpeculator:
+    """Speculative sampling with a local target and draft (shared tokenizer).
+
+    ``draft=None`` samples from the target alone, one token per forward: the
+    baseline, through the same code.
+
+    >>> # speculator = LocalSpeculator.from_pretrained("qwen-1.5b/", "qwen-0.5b/")
+    >>> # speculator.generate("def fib(n):", max_tokens=64, sampling=SamplingParams(0.7), seed=1).text
+    """
+
+    def __init__(self, target: Any, draft: Any | None, tokenizer: Any, *, gamma: int = 4) -> None:
+        if gamma < 1:
+            raise ConfigurationError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
+        self.target = CachedLM(target)
+        self.draft = CachedLM(draft) if draft is not None else None
+        if self.draft is not None and self.draft.device != self.target.device:
+            raise ConfigurationError(f"the target is on {self.target.device} and the draft on {self.draft.device}; local mode runs both on one device")
+        self.tokenizer = tokenizer
+        self.gamma = gamma
+        self.ends = torch.tensor(sorted(end_tokens(target, tokenizer)), dtype=torch.int64, device=self.target.device)
+        self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+
+    @classmethod
+    def from_pretrained(cls, target_path: str, draft_path: str | None = None, *, device: str = "cpu", dtype: str = "auto", gamma: int = 4) -> "LocalSpeculator":
+        """Load both models from transformers folders (no downloads) and check
+        that they share a tokenizer."""
+        if dtype == "auto":
+            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        hint = "a .gguf file converts to one with `bspec server prepare vllm --model NAME`"
+        target, tokenizer = load_folder(target_path, device=device, dtype=dtype, role="target model", option="--device", hint=hint, feature="--local")
+        draft = None
+        if draft_path is not None:
+            draft, draft_tokenizer = load_folder(draft_path, device=device, dtype=dtype, role="draft model", option="--device", hint=hint, feature="--local")
+            check_same_tokenizer(tokenizer, draft_tokenizer)
+            draft = draft.to(device)
+        return cls(target.to(device), draft, tokenizer, gamma=gamma)
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int = 256,
+        sampling: SamplingParams = SamplingParams(),
+        seed: int | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> GenerationResult:
+        """Sample one continuation of ``prompt``; ``on_text`` gets each new
+        piece of text as rounds end (whole characters only)."""
+        prompt_ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        stats, local = GenerationStats(), LocalStats(gamma=self.gamma if self.draft is not None else 0)
+        tokens: list[int] = []
+        shown, ends = [""], set(self.ends.tolist())
+
+        def show(new: Sequence[int]) -> None:
+            for token in new:
+                if token in ends:
+                    return  # the text has ended; the loop stops after this round
+                tokens.append(token)
+            text = self.tokenizer.decode(tokens)
+            if on_text is not None and not text.endswith("\ufffd") and len(text) > len(shown[0]):
+                on_text(text[len(shown[0]) :])
+                shown[0] = text
+
+        start = time.perf_counter()
+        out = self.sample_tokens(prompt_ids, max_tokens=max_tokens, sampling=sampling, generator=as_generator(seed, self.target.device), stats=stats, local=local, on_tokens=show)
+        stats.wall_s = time.perf_counter() - start
+        row = [t for t in out[0].tolist() if t != NO_TOKEN]
+        ended = bool(row) and row[-1] in self.ends.tolist()
+        stats.finish_reason = "stop" if ended else "length"
+        text = self.tokenizer.decode(row[:-1] if ended else row)
+        if on_text is not None and len(text) > len(shown[0]):
+            on_text(text[len(shown[0]) :])
+        result = GenerationResult(text=text, stats=stats)
+        result.local = local  # type: ignore[attr-defined]
+        return result
+
+    def sample_tokens(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+        rows: int = 1,
+        stats: GenerationStats | None = None,
+        local: LocalStats | None = None,
+        on_tokens: Callable[[list[int]], None] | None = None,
+    ) -> torch.Tensor:
+        """``rows`` independent samples of up to ``max_tokens`` tokens → [rows, max_tokens],
+        each row cut after its first end token and padded with ``NO_TOKEN``."""
+        if not prompt_ids:
+            raise ConfigurationError("the prompt has no tokens")
+        if len(prompt_ids) + max_tokens + self.gamma + 1 > self.max_positions:
+            raise ConfigurationError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the target's {self.max_positions} positions")
+        stats = stats if stats is not None else GenerationStats()
+        local = local if local is not None else LocalStats()
+        target, draft, device = self.target, self.draft, self.target.device
+        gamma = self.gamma if draft is not None else 0
+        out = torch.full((rows, max_tokens + gamma + 1), NO_TOKEN, dtype=torch.int64, device=device)
+        count = torch.zeros(rows, dtype=torch.int64, device=device)
+        done = torch.zeros(rows, dtype=torch.bool, device=device)
+        everyone = torch.arange(rows, device=device)
+
+        prompt = torch.tensor([list(prompt_ids)], dtype=torch.int64, device=device).expand(rows, -1)
+        target.reset(rows)
+        target_pending, target_valid = prompt, torch.ones_like(prompt, dtype=torch.bool)  # not yet in the target's cache
+        if draft is not None:
+            draft.reset(rows)
+            draft_pending, draft_valid = prompt, torch.ones_like(prompt, dtype=torch.bool)
+
+        while not bool(done.all()):
+            # Never draft past max_tokens: the last token needs no draft.
+            k = min(gamma, max_tokens - 1 - int(count[~done].min()))
+            clock = time.perf_counter()
+
+            # 1. Draft k tokens, each sampled from q (logits fitted to the target's vocabulary).
+            drafted, q_rows = [], []
+            for _ in range(k):
+                logits = draft.forward(draft_pending, draft_valid, last=1)[:, -1]
+                q_i = sampling_probs(_fit_vocabulary(logits, target.vocab_size), sampling)
+                x_i = sample(q_i, generator)
+                drafted.append(x_i)
+                q_rows.append(q_i)
+                draft_pending, draft_valid = x_i.unsqueeze(1), torch.ones((rows, 1), dtype=torch.bool, device=device)
+            draft_tokens = torch.stack(drafted, 1) if drafted else torch.zeros((rows, 0), dtype=torch.int64, device=device)
+            _synchronize(device)
+            drafted_at = time.perf_counter()
+
+            # 2. One target forward over the pending token(s) and the draft: k+1 rows of p.
+            ids = torch.cat([target_pending, draft_tokens], 1)
+            valid = torch.cat([target_valid, torch.ones_like(draft_tokens, dtype=torch.bool)], 1)
+            p = sampling_probs(target.forward(ids, valid, last=k + 1), sampling)
+
+            # 3. Accept draft tokens with min(1, p/q); the first rejection is
+            #    recovered from the residual, a full acceptance earns the bonus.
+            q = torch.stack(q_rows, 1) if q_rows else p[:, :0]
+            tokens, n = rejection_sample(draft_tokens, q, p, generator)
+            n_accepted = n - 1
+            last = tokens[everyone, n_accepted]
+
+            # 4. Roll both caches back past the rejected tokens and queue what
+            #    each model has not seen yet.
+            target.forget_last(k - n_accepted)
+            target_pending, target_valid = last.unsqueeze(1), torch.ones((rows, 1), dtype=torch.bool, device=device)
+            if draft is not None:
+                if k > 0:  # the draft saw x_1..x_{k-1}; x_k was sampled, never fed
+                    draft.forget_last((k - 1 - n_accepted).clamp_min(0))
+                    unseen, unseen_valid = draft_tokens[:, -1:], (n_accepted == k).unsqueeze(1)
+                else:
+                    unseen, unseen_valid = draft_pending, draft_valid
+                draft_pending = torch.cat([unseen, last.unsqueeze(1)], 1)
+                draft_valid = torch.cat([unseen_valid, torch.ones((rows, 1), dtype=torch.bool, device=device)], 1)
+                if not bool(draft_valid[:, 0].any()):  # every row has one new token: no hole column
+                    draft_pending, draft_valid = draft_pending[:, 1:], draft_valid[:, 1:]
+
+            # 5. Emit: rows still running append their tokens, and stop at an
+            #    end token or at max_tokens.
+            live = ~done
+            slots = count.unsqueeze(1) + torch.arange(k + 1, device=device)
+            keep = (torch.arange(k + 1, device=device) < n.unsqueeze(1)) & live.unsqueeze(1)
+            out.scatter_(1, torch.where(keep, slots, out.shape[1] - 1), torch.where(keep, tokens, out[:, -1:].expand_as(tokens)))
+            ended = (torch.isin(tokens, self.ends) & keep).any(1)
+            count = count + torch.where(live, n, 0)
+            done = done | ended | (count >= max_tokens)
+            _synchronize(device)
+            verified_at = time.perf_counter()
+
+            examined = (torch.arange(k, device=device) <= n_accepted.unsqueeze(1)) & live.unsqueeze(1)
+            local.draft_forwards += k
+            local.target_forwards += 1
+            local.examined_positions += int(examined.sum())
+            local.rejections += int(((n_accepted < k) & live).sum())
+            local.beta_sum += float((expected_acceptance(p[:, :k], q) * examined).sum())
+            local.round_tokens.append(int(torch.where(live, n, 0).sum()))
+            stats.observe_round("local", calls=1, cancelled=0, seconds=verified_at - drafted_at)
+            stats.draft_s += drafted_at - clock
+            accepted = int(torch.where(live, n_accepted, 0).sum())
+            emitted = int(keep.sum())
+            stats.drafted_tokens += k * int(live.sum())
+            stats.accepted_tokens += accepted
+            stats.output_tokens += emitted
+            stats.trace.append(["local", k, accepted, emitted, round(verified_at - clock, 5)])
+            if on_tokens is not None and rows == 1:
+                on_tokens(tokens[0, : int(n[0])].tolist())
+
+        return _cut_after_end(out[:, :max_tokens], self.ends)
+
+
+def check_same_tokenizer(target_tokenizer: Any, draft_tokenizer: Any) -> None:
+    """Local mode compares token ids, so both models must number tokens alike."""
+    target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if target_vocab != draft_vocab:
+        differ = len(set(target_vocab.items()) ^ set(draft_vocab.items()))
+        raise ConfigurationError(
+            f"the target and draft models do not share a tokenizer ({len(target_vocab)} vs {len(draft_vocab)} tokens, "
+            f"{differ} entries differ); local mode needs one tokenizer, "
+            "while the API mode (--drafter hf) works on text and takes any draft model"
+        )
+
+
+def _fit_vocabulary(logits: torch.Tensor, size: int) -> torch.Tensor:
+    """Draft logits over the target's ids: extra draft ids dropped, missing ones impossible."""
+    if logits.shape[-1] >= size:
+        return logits[..., :size]
+    pad = torch.full((*logits.shape[:-1], size - logits.shape[-1]), float("-inf"), dtype=logits.dtype, device=logits.device)
+    return torch.cat([logits, pad], -1)
+
+
+def _cut_after_end(tokens: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """NO_TOKEN after each row's first end token (later tokens were sampled
+    after the text had ended)."""
+    is_end = torch.isin(tokens, ends).to(torch.int64)
+    after_end = (torch.cumsum(is_end, 1) - is_end) > 0
+    return tokens.masked_fill(after_end, NO_TOKEN)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
