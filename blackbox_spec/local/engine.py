@@ -27,6 +27,13 @@ from .sampling import NO_TOKEN, SamplingParams, as_generator, expected_acceptanc
 
 torch, _ = _import_hf("local target mode (--local)")
 
+# Measured on 2 CPU cores (Qwen2.5-Coder 0.5B drafting for 1.5B): a target
+# forward of 3 tokens costs ~1.1-1.6x one of 1 token, of 5 tokens ~2-2.7x, so
+# gamma 2 won and 4 ran at half the plain speed.  Where a wider forward costs
+# about the same as a narrow one (a GPU), a larger gamma pays: measure c and
+# v with bench/local_target.py and pass --gamma.
+DEFAULT_GAMMA = 2
+
 
 class CachedLM:
     """A causal LM and a KV cache serving ``rows`` continuations of one prompt."""
@@ -116,7 +123,7 @@ class LocalSpeculator:
     >>> # speculator.generate("def fib(n):", max_tokens=64, sampling=SamplingParams(0.7), seed=1).text
     """
 
-    def __init__(self, target: Any, draft: Any | None, tokenizer: Any, *, gamma: int = 4) -> None:
+    def __init__(self, target: Any, draft: Any | None, tokenizer: Any, *, gamma: int = DEFAULT_GAMMA) -> None:
         if gamma < 1:
             raise ConfigurationError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
         self.target = CachedLM(target)
@@ -129,7 +136,7 @@ class LocalSpeculator:
         self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
 
     @classmethod
-    def from_pretrained(cls, target_path: str, draft_path: str | None = None, *, device: str = "cpu", dtype: str = "auto", gamma: int = 4) -> "LocalSpeculator":
+    def from_pretrained(cls, target_path: str, draft_path: str | None = None, *, device: str = "cpu", dtype: str = "auto", gamma: int = DEFAULT_GAMMA) -> "LocalSpeculator":
         """Load both models from transformers folders (no downloads) and check
         that they share a tokenizer."""
         if dtype == "auto":

@@ -1,0 +1,237 @@
+"""Local target mode against plain sampling with the same target, same run.
+
+For each prompt, temperature and repeat it times plain autoregressive
+sampling (the target alone, one token per forward, through the same code)
+and speculative sampling at each gamma, and reports medians of:
+
+- speedup: plain seconds per token / speculative seconds per token;
+- tokens per target forward (the bonus or recovered token counted);
+- alpha: the mean of beta = sum_x min(p(x), q(x)) over the draft positions
+  the rule examined (the paper's estimator, lower variance than counting);
+- c: a draft forward of one token / a target forward of one token, and v: a
+  target forward of gamma+1 tokens / one of one token (the paper takes v = 1);
+- Leviathan's projection (1 - a^(g+1)) / ((1 - a)(g c + 1)), and the same
+  with the measured verify cost, (1 - a^(g+1)) / ((1 - a)(g c + v)).
+
+At temperature 0 it also checks that the speculative text equals plain
+greedy decoding.  The projections use the costs seen inside the runs: c =
+seconds per draft forward and v = seconds per round's target forward, both
+over the same repeat's plain seconds per token.  Bare forwards after a
+prefill are timed before and after the runs too (the ``costs`` block): on a
+shared machine they drift, which is why the in-run figures are used.
+
+With ``--random-init`` no weights are needed: the models are built from
+config shapes (``--random-init qwen2.5-0.5b qwen2.5-1.5b``) in bf16/fp32,
+and only the costs are timed; the projection then uses ``--alpha`` (for
+example the CPU run's).  That is how the GPU figure is made, since weights
+cannot travel to the device machine.
+
+    python bench/local_target.py --target-model ~/.cache/blackbox_spec/models/hf/qwen2.5-coder-1.5b \\
+        --draft-model ~/.cache/blackbox_spec/models/hf/qwen2.5-coder-0.5b \\
+        --out bench/results/local-qwen-0.5b-1.5b-cpu.json
+    python bench/local_target.py --random-init qwen2.5-0.5b qwen2.5-7b --device cuda --alpha 0.78 \\
+        --out local-random-cuda.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from blackbox_spec.bench.workloads import PROMPTS
+from blackbox_spec.local import CachedLM, LocalSpeculator, SamplingParams, leviathan_speedup
+from blackbox_spec.local.sampling import as_generator
+
+# Public config shapes (hidden, intermediate, layers, heads, kv heads, tied
+# embeddings) of Qwen2.5; the vocabulary is 151936 for all of them.
+SHAPES = {
+    "qwen2.5-0.5b": (896, 4864, 24, 14, 2, True),
+    "qwen2.5-1.5b": (1536, 8960, 28, 12, 2, True),
+    "qwen2.5-3b": (2048, 11008, 36, 16, 2, True),
+    "qwen2.5-7b": (3584, 18944, 28, 28, 4, False),
+    "qwen2.5-14b": (5120, 13824, 48, 40, 8, False),
+    "qwen2.5-32b": (5120, 27648, 64, 40, 8, False),
+}
+
+
+def random_model(name: str, device: str, dtype: torch.dtype):
+    import transformers
+
+    hidden, intermediate, layers, heads, kv_heads, tied = SHAPES[name]
+    config = transformers.Qwen2Config(
+        vocab_size=151936, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, tie_word_embeddings=tied, max_position_embeddings=32768,
+    )
+    with torch.device(device):
+        return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
+def time_forward(model: CachedLM, prompt: list[int], width: int, repeats: int) -> float:
+    """Median seconds of one forward of ``width`` tokens after the prompt is cached."""
+    device = model.device
+    times = []
+    for _ in range(repeats):
+        model.reset(1)
+        ids = torch.tensor([prompt], device=device)
+        model.forward(ids, torch.ones_like(ids, dtype=torch.bool), last=1)
+        new = torch.tensor([prompt[-width:]], device=device)
+        _sync(device)
+        start = time.perf_counter()
+        model.forward(new, torch.ones_like(new, dtype=torch.bool), last=width)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_costs(target: CachedLM, draft: CachedLM, prompt: list[int], gammas: list[int], repeats: int) -> dict:
+    target_1 = time_forward(target, prompt, 1, repeats)
+    draft_1 = time_forward(draft, prompt, 1, repeats)
+    costs = {"target_forward_1_s": target_1, "draft_forward_1_s": draft_1, "c": draft_1 / target_1, "v": {}}
+    for gamma in gammas:
+        costs["v"][str(gamma)] = time_forward(target, prompt, gamma + 1, repeats) / target_1
+    return costs
+
+
+def projections(alpha: float, gamma: int, c: float, v: float) -> dict:
+    tokens_per_round = gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return {
+        "leviathan": leviathan_speedup(alpha, gamma, c),
+        "with_verify_cost": tokens_per_round / (gamma * c + v),
+        "tokens_per_round": tokens_per_round,
+    }
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_real(args: argparse.Namespace) -> dict:
+    import transformers
+
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if args.device == "cuda" else "float32")
+    loaded = LocalSpeculator.from_pretrained(args.target_model, args.draft_model, device=args.device, dtype=dtype)
+    target, draft, tokenizer = loaded.target.model, loaded.draft.model, loaded.tokenizer
+    plain = LocalSpeculator(target, None, tokenizer)
+    speculators = {g: LocalSpeculator(target, draft, tokenizer, gamma=g) for g in args.gammas}
+    chosen = [p for p in PROMPTS if p.name in args.prompts]
+    first = list(tokenizer(chosen[0].text)["input_ids"])
+    costs = measure_costs(plain.target, loaded.draft, first, args.gammas, args.cost_repeats)
+    print(f"costs: {json.dumps(costs)}", file=sys.stderr, flush=True)
+    runs = []
+    for prompt in chosen:
+        for temperature in args.temperatures:
+            sampling = SamplingParams(temperature=temperature, top_p=args.top_p)
+            for repeat in range(args.repeats):
+                seed = 1000 * repeat + 7
+                base = plain.generate(prompt.text, max_tokens=args.max_tokens, sampling=sampling, seed=seed)
+                row = {"prompt": prompt.name, "temperature": temperature, "repeat": repeat,
+                       "plain": {"s": base.stats.wall_s, "tokens": base.stats.output_tokens}}
+                plain_step = base.stats.wall_s / base.stats.output_tokens
+                for gamma, speculator in speculators.items():
+                    result = speculator.generate(prompt.text, max_tokens=args.max_tokens, sampling=sampling, seed=seed)
+                    local = result.local
+                    row[f"gamma={gamma}"] = {
+                        "s": result.stats.wall_s, "tokens": result.stats.output_tokens, "alpha": local.alpha,
+                        "accepted_per_drafted": result.stats.acceptance_rate,
+                        "tokens_per_target_forward": local.tokens_per_target_forward,
+                        "draft_s": result.stats.draft_s, "verify_s": result.stats.verify_s,
+                        # In-run costs against this repeat's plain step (prefill included in both).
+                        "c_in_run": result.stats.draft_s / max(local.draft_forwards, 1) / plain_step,
+                        "v_in_run": result.stats.verify_s / result.stats.rounds / plain_step,
+                        "speedup": (base.stats.wall_s / base.stats.output_tokens) / (result.stats.wall_s / result.stats.output_tokens),
+                    }
+                    if temperature == 0:
+                        row[f"gamma={gamma}"]["same_text_as_plain"] = result.text == base.text
+                runs.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    after = measure_costs(plain.target, loaded.draft, first, args.gammas, args.cost_repeats)
+    costs = {"before_runs": costs, "after_runs": after}
+    summary = {}
+    for temperature in args.temperatures:
+        for gamma in args.gammas:
+            cells = [r[f"gamma={gamma}"] for r in runs if r["temperature"] == temperature]
+            alpha = statistics.median(c["alpha"] for c in cells)
+            c_run = statistics.median(c["c_in_run"] for c in cells)
+            v_run = statistics.median(c["v_in_run"] for c in cells)
+            entry = {
+                "speedup_median": statistics.median(c["speedup"] for c in cells),
+                "speedup_per_prompt": {p.name: statistics.median(r[f"gamma={gamma}"]["speedup"] for r in runs if r["prompt"] == p.name and r["temperature"] == temperature) for p in chosen},
+                "alpha_median": alpha,
+                "accepted_per_drafted_median": statistics.median(c["accepted_per_drafted"] for c in cells),
+                "tokens_per_target_forward_median": statistics.median(c["tokens_per_target_forward"] for c in cells),
+                "c_in_run_median": c_run, "v_in_run_median": v_run,
+                **{f"projected_{k}": v for k, v in projections(alpha, gamma, c_run, v_run).items()},
+            }
+            if temperature == 0:
+                entry["same_text_as_plain"] = f"{sum(c['same_text_as_plain'] for c in cells)}/{len(cells)}"
+            summary[f"T={temperature} gamma={gamma}"] = entry
+    return {"costs": costs, "summary": summary, "runs": runs, "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
+
+
+def run_random(args: argparse.Namespace) -> dict:
+    import transformers
+
+    dtype = getattr(torch, args.dtype if args.dtype != "auto" else ("bfloat16" if args.device == "cuda" else "float32"))
+    draft_name, target_name = args.random_init
+    draft = CachedLM(random_model(draft_name, args.device, dtype))
+    target = CachedLM(random_model(target_name, args.device, dtype))
+    prompt = torch.randint(0, 151936, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    costs = measure_costs(target, draft, prompt, args.gammas, args.cost_repeats)
+    projected = {str(g): projections(args.alpha, g, costs["c"], costs["v"][str(g)]) for g in args.gammas}
+    # The whole loop too: random weights disagree (alpha ~ 0), so a round
+    # emits about one token; seconds per round check gamma * draft + verify.
+    loop = {}
+    for gamma in args.gammas:
+        speculator = LocalSpeculator(target.model, draft.model, None, gamma=gamma)
+        plain = LocalSpeculator(target.model, None, None)
+        for name, engine in (("plain", plain), (f"gamma={gamma}", speculator)):
+            start = time.perf_counter()
+            out = engine.sample_tokens(prompt, max_tokens=args.max_tokens, sampling=SamplingParams(1.0), generator=as_generator(1, args.device))
+            _sync(args.device)
+            seconds = time.perf_counter() - start
+            loop[name] = {"s_per_token": seconds / int((out >= 0).sum()), "s_per_round": seconds / engine.target.forwards, "target_forwards": engine.target.forwards}
+    return {
+        "models": {"draft": draft_name, "target": target_name, "dtype": str(dtype), "weights": "random init (no weights travel)"},
+        "alpha_assumed": args.alpha, "costs": costs, "projected": projected, "loop_random_draft": loop,
+        "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target-model", help="transformers folder of the target")
+    parser.add_argument("--draft-model", help="transformers folder of the draft (same tokenizer)")
+    parser.add_argument("--random-init", nargs=2, metavar=("DRAFT", "TARGET"), choices=list(SHAPES), help="time random-init models of these shapes instead")
+    parser.add_argument("--alpha", type=float, default=0.78, help="alpha for --random-init projections (default: 0.78)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--prompts", nargs="+", default=["story", "explain-tcp", "fizzbuzz"])
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--cost-repeats", type=int, default=5)
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="prompt length for --random-init")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    report = run_random(args) if args.random_init else run_real(args)
+    report["command"] = " ".join(sys.argv)
+    report["threads"] = torch.get_num_threads()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(json.dumps(report.get("summary") or report.get("projected"), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
