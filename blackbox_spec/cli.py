@@ -36,9 +36,10 @@ examples:
   bspec run prompt.txt --local --target-model qwen-1.5b/ --draft-model qwen-0.5b/ --temperature 0.7 --seed 1
 
 The output is exactly what a plain temperature-0 call to the same server
-returns.  With --local both models run here (transformers) and the output is
-sampled exactly from the target's distribution at any temperature.  OPENAI_BASE_URL and OPENAI_API_KEY are read when the flags are not
-given, as the openai SDK does.
+returns.  OPENAI_BASE_URL and OPENAI_API_KEY are read when the flags are not
+given, as the openai SDK does.  With --local both models run here
+(transformers) and the output is sampled exactly from the target's
+distribution at any temperature.
 """
 
 
@@ -140,7 +141,7 @@ DRAFTER_HELP = (
 
 def _add_drafter_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", choices=[*DRAFTERS, "none"], help=DRAFTER_HELP + " (default: ngram; with --local: hf when --draft-model is given)")
-    parser.add_argument("--draft-model", metavar="PATH", help="the draft model for --drafter llama (a .gguf file) or hf (a transformers folder)")
+    parser.add_argument("--draft-model", metavar="PATH", help="the draft model for --drafter llama (a .gguf file), or hf and --local (a transformers folder; with --local it must share the target's tokenizer)")
     parser.add_argument("--draft-device", default="cpu", metavar="DEV", help="torch device for --drafter hf: cpu or cuda (default: cpu)")
 
 
