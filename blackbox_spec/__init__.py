@@ -11,6 +11,7 @@ from ._exceptions import (
     TargetHTTPError,
     TargetResponseError,
 )
+from ._retry import RetryPolicy
 from ._stats import GenerationResult, GenerationStats
 from .client import Capabilities, GenerationStream, SpecClient
 from .drafters import Drafter, NGramDrafter
@@ -35,6 +36,7 @@ __all__ = [
     "Plan",
     "Policy",
     "PromptError",
+    "RetryPolicy",
     "SpecClient",
     "TargetConnectionError",
     "TargetError",

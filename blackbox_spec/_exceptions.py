@@ -49,15 +49,23 @@ class TargetError(BlackboxSpecError):
 
 
 class TargetConnectionError(TargetError):
-    """The server could not be reached, or the connection broke."""
+    """The server could not be reached, or the connection broke.
+
+    ``retryable`` is True for timeouts and broken connections (worth another
+    try) and False for a refused connection or an unknown host."""
+
+    def __init__(self, message: str, *, partial: Any = None, retryable: bool = False) -> None:
+        super().__init__(message, partial=partial)
+        self.retryable = retryable
 
 
 class TargetHTTPError(TargetError):
     """The server answered with an HTTP error status."""
 
-    def __init__(self, message: str, *, status_code: int, partial: Any = None) -> None:
+    def __init__(self, message: str, *, status_code: int, partial: Any = None, retry_after: float | None = None) -> None:
         super().__init__(message, partial=partial)
         self.status_code = status_code
+        self.retry_after = retry_after  # seconds, from the server's Retry-After header
 
 
 class AuthenticationError(TargetHTTPError):

@@ -25,6 +25,9 @@ class GenerationStats:
     accepted_chars: int = 0
     output_tokens: int = 0
     jumps: int = 0  # times the text jumped ahead onto a side branch
+    # Calls retried after a 429, 408, 409, 5xx, timeout or reset (counted on
+    # the client, so generations running at once on one client share it).
+    retries: int = 0
     prompt_tokens_billed: int = 0
     completion_tokens_billed: int = 0
     wall_s: float = 0.0

@@ -10,6 +10,7 @@ and every message passes through :func:`redact` so the API key never leaks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -27,6 +28,7 @@ from ._exceptions import (
     TargetResponseError,
     redact,
 )
+from ._retry import RetryPolicy, parse_retry_after
 from ._tokens import Unit, align_tokens
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -101,6 +103,7 @@ class TargetAPI:
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: float = 600.0,
+        retries: RetryPolicy | None = None,
     ) -> None:
         self.base_url = base_url
         self._api_key = api_key
@@ -112,7 +115,9 @@ class TargetAPI:
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
         )
         self._headers = headers
-        self.calls = 0
+        self.retries = retries if retries is not None else RetryPolicy()
+        self.calls = 0  # HTTP requests, retries included
+        self.retried = 0  # of which retries after a transient failure
 
     def __repr__(self) -> str:  # never show the key
         return f"TargetAPI(base_url={self.base_url!r}, model={self.model!r})"
@@ -126,17 +131,33 @@ class TargetAPI:
     def _fail(self, message: str) -> str:
         return redact(message, self._api_key)
 
+    def _connection_error(self, exc: httpx.HTTPError) -> TargetConnectionError:
+        """httpx's transport errors, mapped: timeouts and broken connections
+        are worth another try, a refused connection or unknown host is not."""
+        if isinstance(exc, httpx.TimeoutException):
+            return TargetConnectionError(self._fail(f"request to {self.base_url} timed out ({type(exc).__name__})"), retryable=True)
+        refused = isinstance(exc, (httpx.ConnectError, httpx.UnsupportedProtocol))
+        return TargetConnectionError(self._fail(f"cannot reach {self.base_url}: {exc or type(exc).__name__}"), retryable=not refused)
+
+    def _count_retry(self, error: BaseException, seconds: float) -> None:
+        self.retried += 1
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        """One call, retried on transient failures (see :mod:`._retry`)."""
+        async for attempt in self.retries.retrying(self._count_retry):
+            with attempt:
+                self.calls += 1
+                try:
+                    response = await self._client.request(method, self.base_url + path, json=body, headers=self._headers)
+                except httpx.HTTPError as exc:
+                    raise self._connection_error(exc) from None
+                if response.status_code >= 400:
+                    raise self._http_error(response)
+                return response
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
     async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        self.calls += 1
-        try:
-            response = await self._client.post(self.base_url + path, json=body, headers=self._headers)
-        except httpx.TimeoutException as exc:
-            raise TargetConnectionError(self._fail(f"request to {self.base_url} timed out ({type(exc).__name__})")) from None
-        except httpx.HTTPError as exc:
-            raise TargetConnectionError(self._fail(f"cannot reach {self.base_url}: {exc or type(exc).__name__}")) from None
-        if response.status_code >= 400:
-            raise self._http_error(response)
-        return response
+        return await self._request("POST", path, body)
 
     def _http_error(self, response: httpx.Response) -> TargetHTTPError:
         status = response.status_code
@@ -152,7 +173,7 @@ class TargetAPI:
             return AuthenticationError(message, status_code=status)
         if status == 404 and "model" in message.lower():
             return ModelNotFoundError(message, status_code=status)
-        return TargetHTTPError(message, status_code=status)
+        return TargetHTTPError(message, status_code=status, retry_after=parse_retry_after(response.headers.get("retry-after")))
 
     def _json(self, response: httpx.Response) -> dict[str, Any]:
         try:
@@ -164,13 +185,7 @@ class TargetAPI:
         return data
 
     async def list_models(self) -> list[str]:
-        self.calls += 1
-        try:
-            response = await self._client.get(self.base_url + "/models", headers=self._headers)
-        except httpx.HTTPError as exc:
-            raise TargetConnectionError(self._fail(f"cannot reach {self.base_url}: {exc or type(exc).__name__}")) from None
-        if response.status_code >= 400:
-            raise self._http_error(response)
+        response = await self._request("GET", "/models")
         data = self._json(response).get("data") or []
         return [m.get("id") for m in data if isinstance(m, dict) and m.get("id")]
 
@@ -219,6 +234,27 @@ class TargetAPI:
             completion.units = _align_generated(text, tokens, lps, tops)
         return completion
 
+    async def _open_stream(self, body: dict[str, Any]) -> tuple[contextlib.AsyncExitStack, httpx.Response]:
+        """The response of a streaming request, once its status is known,
+        retried like other calls.  Only the opening is retried: after the
+        first chunk the caller owns what was received."""
+        async for attempt in self.retries.retrying(self._count_retry):
+            with attempt:
+                self.calls += 1
+                opened = contextlib.AsyncExitStack()
+                try:
+                    response = await opened.enter_async_context(self._client.stream("POST", self.base_url + "/completions", json=body, headers=self._headers))
+                    if response.status_code >= 400:
+                        await response.aread()
+                        raise self._http_error(response)
+                except BaseException as exc:
+                    await opened.aclose()
+                    if isinstance(exc, httpx.HTTPError):
+                        raise self._connection_error(exc) from None
+                    raise
+                return opened, response
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
     async def stream(
         self, prompt: str, *, max_tokens: int, stop: list[str] | None = None, logprobs: int | None = None
     ) -> AsyncIterator[StreamPiece | StreamEnd]:
@@ -233,13 +269,10 @@ class TargetAPI:
             body["stop"] = stop
         if logprobs is not None:
             body["logprobs"] = logprobs
-        self.calls += 1
         end = StreamEnd(None)
+        opened, response = await self._open_stream(body)
         try:
-            async with self._client.stream("POST", self.base_url + "/completions", json=body, headers=self._headers) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    raise self._http_error(response)
+            async with opened:
                 seen_data = False
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NoReturn, Sequence
 
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetResponseError, redact
+from ._retry import RetryPolicy
 from ._stats import GenerationResult, GenerationStats
 from .client import SpecClient
 from .drafters import DRAFTERS
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--fanout-width", type=_positive_int, default=16, metavar="W", help="most concurrent streams (side branches + the main one), or requests per round with --strategy fanout; narrower widths are measured first (default: 16)")
     run.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one server response (default: 600)")
+    run.add_argument("--retries", type=_non_negative_int, default=5, metavar="N", help="retries of a call after a 429, 408, 409, 5xx, timeout or reset, waiting as the server's Retry-After says or with jittered exponential backoff (at most 30 s each, 120 s in all); 0 turns them off (default: 5)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     run.add_argument("--quiet", action="store_true", help="do not print the stats line on stderr")
     _add_local_arguments(run)
@@ -320,6 +322,7 @@ async def _run(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
         drafter=None if args.drafter == "none" else args.drafter,
         draft_model=args.draft_model, draft_device=args.draft_device,
         strategy=strategy, timeout=args.timeout, fanout_width=args.fanout_width,
+        retries=RetryPolicy(attempts=args.retries + 1),
     ) as client:
         if args.drafter in ("llama", "hf"):
             if not args.quiet:
@@ -354,6 +357,7 @@ def _summary(result: GenerationResult) -> str:
         f"[bspec] {s.output_tokens} tokens in {s.wall_s:.2f}s ({s.tokens_per_second:.1f} tok/s), "
         f"{s.rounds} rounds, {s.target_calls} calls, acceptance {s.acceptance_rate:.0%}, "
         f"{s.mean_accepted_per_round:.2f} tokens/round, finish: {s.finish_reason}"
+        + (f", {s.retries} retried calls" if s.retries else "")
     )
 
 

@@ -20,6 +20,7 @@ import httpx
 
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetHTTPError, TargetResponseError
 from ._stats import GenerationResult, GenerationStats
+from ._retry import RetryPolicy
 from ._target import TargetAPI, resolve_settings
 from .drafters import Drafter, DrafterFactory, SessionIndex, drafter_factory
 from .orchestrator import Output, decode_plainly, speculate
@@ -71,6 +72,7 @@ class SpecClient:
         timeout: float = 600.0,
         fanout_width: int = 16,
         max_draft_chars: int = 4096,
+        retries: RetryPolicy | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ConfigurationError(f"unknown strategy {strategy!r}; choose from: {', '.join(STRATEGIES)}")
@@ -83,7 +85,7 @@ class SpecClient:
         self.strategy = strategy
         self.fanout_width = fanout_width
         self.max_draft_chars = max_draft_chars
-        self.api = TargetAPI(url, key, model, http_client=http_client, transport=transport, timeout=timeout)
+        self.api = TargetAPI(url, key, model, http_client=http_client, transport=transport, timeout=timeout, retries=retries)
         self.capabilities: Capabilities | None = None
         self.costs: ServerCosts | None = None  # measured server costs, kept across generations
 
@@ -176,7 +178,7 @@ class SpecClient:
     async def _run(self, prompt: str, max_tokens: int, stop: list[str] | None, result: GenerationResult) -> AsyncIterator[str]:
         stats = result.stats
         out = Output(prompt, max_tokens, stop)
-        started = time.perf_counter()
+        started, retried = time.perf_counter(), self.api.retried
         try:
             await self.ensure_model()
             async for piece in self._pieces(out, stats):
@@ -188,6 +190,7 @@ class SpecClient:
         finally:
             stats.wall_s = time.perf_counter() - started
             stats.finish_reason = out.finish_reason
+            stats.retries = self.api.retried - retried
 
     async def _pieces(self, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
         if self._new_drafter is None or self.strategy == "plain":

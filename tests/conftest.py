@@ -6,6 +6,7 @@ import pytest
 import respx
 
 from blackbox_spec import SpecClient
+from blackbox_spec._retry import RetryPolicy
 from blackbox_spec.testing import FakeTarget
 
 BASE_URL = "http://fake.test/v1"
@@ -40,6 +41,11 @@ def served(fake: FakeTarget):
         yield fake
 
 
+async def no_sleep(seconds: float) -> None:
+    """Retries in tests wait for nothing."""
+
+
 def client_for(**kwargs) -> SpecClient:
     kwargs.setdefault("model", "fake-model")
+    kwargs.setdefault("retries", RetryPolicy(sleep=no_sleep))
     return SpecClient(BASE_URL, API_KEY, **kwargs)
