@@ -3,7 +3,7 @@
 The HTTP calls are made with httpx directly, never through the openai SDK,
 so there is no second layer of retries underneath this one.
 
-What is retried: HTTP 408, 409, 429 and 5xx, connect and read timeouts, and
+What is retried: HTTP 408, 409, 429 and 5xx but 501 and 505, connect and read timeouts, and
 reset connections (a :class:`TargetConnectionError` marked ``retryable``).
 What is not: other 4xx (a bad key, an unknown model, a context overflow stay
 the same on a second try), a refused connection or an unknown host (a wrong
@@ -29,11 +29,14 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from ._exceptions import TargetConnectionError, TargetHTTPError
 
 RETRY_STATUSES = frozenset({408, 409, 429})
+# 501 Not Implemented and 505 HTTP Version Not Supported will not change: a
+# 501 is how some servers refuse echo, which the capability probe reads.
+PERMANENT_5XX = frozenset({501, 505})
 
 
 def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, TargetHTTPError):
-        return exc.status_code in RETRY_STATUSES or exc.status_code >= 500
+        return exc.status_code in RETRY_STATUSES or (exc.status_code >= 500 and exc.status_code not in PERMANENT_5XX)
     return isinstance(exc, TargetConnectionError) and exc.retryable
 
 

@@ -90,6 +90,7 @@ async def test_timeouts_and_resets_are_retried(fault):
         httpx.Response(400, json={"error": {"message": "This model's maximum context length is 2048 tokens"}}),
         httpx.Response(401, json={"error": {"message": "bad key"}}),
         httpx.Response(404, json={"error": {"message": "The model `m` does not exist"}}),
+        httpx.Response(501, json={"error": {"message": "echo is not implemented"}}),
         httpx.ConnectError("connection refused"),
     ],
 )
