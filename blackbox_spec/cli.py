@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetResponseError, redact
 from ._retry import RetryPolicy
@@ -185,44 +185,25 @@ def _add_server_parser(commands) -> None:
     server.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help=DTYPE_HELP)
 
 
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
-    return number
+def _number_type(convert: Callable[[str], float], accept: Callable[[float], bool], wanted: str) -> Callable[[str], float]:
+    """An argparse ``type`` that says in one line what it wanted."""
+
+    def parse(value: str):
+        try:
+            number = convert(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {value!r}") from None
+        if not accept(number):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {value!r}")
+        return number
+
+    return parse
 
 
-def _non_negative_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}")
-    return number
-
-
-def _non_negative_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}") from None
-    if not number >= 0 or number == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value!r}")
-    return number
-
-
-def _probability(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value!r}") from None
-    if not 0 < number <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value!r}")
-    return number
+_positive_int = _number_type(int, lambda n: n >= 1, "a whole number >= 1")
+_non_negative_int = _number_type(int, lambda n: n >= 0, "a whole number >= 0")
+_non_negative_float = _number_type(float, lambda n: 0 <= n < float("inf"), "a finite number >= 0")
+_probability = _number_type(float, lambda n: 0 < n <= 1, "a number in (0, 1]")
 
 
 def _version() -> str:
