@@ -28,6 +28,10 @@ class GenerationStats:
     # Calls retried after a 429, 408, 409, 5xx, timeout or reset (counted on
     # the client, so generations running at once on one client share it).
     retries: int = 0
+    # Rounds that failed after their retries (the next round resumed from
+    # the same text), and why speculation was given up, if it was.
+    failed_rounds: int = 0
+    fallback: str | None = None
     prompt_tokens_billed: int = 0
     completion_tokens_billed: int = 0
     wall_s: float = 0.0
@@ -35,6 +39,9 @@ class GenerationStats:
     verify_s: float = 0.0
     strategy_rounds: dict[str, int] = field(default_factory=dict)
     finish_reason: str | None = None
+    # The generation was cancelled (a cancelled task, Ctrl-C) before its end;
+    # its text is what the target had confirmed by then.
+    interrupted: bool = False
     notes: list[str] = field(default_factory=list)
     # One entry per round: [strategy, drafted chars, accepted draft tokens,
     # tokens gained, seconds]; what the policy saw, for benchmarks and plots.

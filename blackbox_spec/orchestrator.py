@@ -10,16 +10,22 @@ Exactness argument, in one place:
   call's would.
 * When a token can't be read (an opaque or special-looking token), we ask the
   target plainly instead of guessing.
+* A round that fails (after its calls' retries) changes nothing: a verdict
+  is applied only once it is complete, and a stream's text only a whole
+  token at a time.  So the next round starts from the same safe cut
+  (``Recovery``), and so does plain decoding if speculation is given up.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
 
-from ._exceptions import TargetHTTPError
+from ._exceptions import AuthenticationError, ModelNotFoundError, TargetError, TargetHTTPError
+from ._retry import is_retryable
 from ._stats import GenerationStats
 from ._stopping import StopScanner
 from ._target import StreamEnd, StreamPiece, TargetAPI, Usage
@@ -87,6 +93,50 @@ class Output:
         return piece
 
 
+@dataclass
+class Recovery:
+    """What to do when a round fails after its calls were retried.
+
+    A failed round leaves ``out`` at a safe cut (see the module docstring),
+    so the next one simply continues from there.  Failures are counted in a
+    row, without new text between them: after ``fallback_after`` speculation
+    is given up and the target streams plainly (still resuming from the last
+    whole token after a broken stream); one more and the generation fails,
+    with what it has in ``partial``.  A stream that breaks after making
+    progress starts no row, so a long text survives a flaky connection.
+    """
+
+    fallback_after: int = 2
+    give_up_after: int = 3
+    in_a_row: int = 0
+    tokens_at_last: int = -1
+
+    def survive(self, exc: TargetError, *, speculative: bool, out: Output, policy: Policy, stats: GenerationStats) -> None:
+        """Account for ``exc``; re-raise it when it can't be survived."""
+        if not _recoverable(exc, speculative):
+            raise exc
+        stats.failed_rounds += 1
+        self.in_a_row = self.in_a_row + 1 if out.tokens == self.tokens_at_last else 1
+        self.tokens_at_last = out.tokens
+        if self.in_a_row >= self.give_up_after:
+            raise exc
+        if self.in_a_row >= self.fallback_after and stats.fallback is None:
+            policy.stop_speculating()
+            stats.fallback = f"decoding plainly after {self.in_a_row} failed rounds in a row; last: {exc}"
+            stats.note(stats.fallback)
+
+
+def _recoverable(exc: TargetError, speculative: bool) -> bool:
+    """Worth another round?  Transient failures always; a refusal (400, 413,
+    422...) only of a speculative call, which the draft may have caused; a
+    bad key or unknown model never."""
+    if isinstance(exc, (AuthenticationError, ModelNotFoundError)):
+        return False
+    if isinstance(exc, TargetHTTPError):
+        return speculative or is_retryable(exc)
+    return True  # a broken connection, a timeout, a garbled answer
+
+
 async def speculate(
     api: TargetAPI,
     drafter: Drafter,
@@ -98,9 +148,10 @@ async def speculate(
     """Generate ``out``'s continuation speculatively; yields text as it is accepted."""
     drafter.start(out.prompt)
     plain_next = False
+    recovery = Recovery()
     while out.finish_reason is None:
         # 1. Draft locally (while drafting pays for itself: ``DraftBudget``).
-        draft = _propose(drafter, policy, stats) or ""
+        draft = (_propose(drafter, policy, stats) or "") if policy.speculating else ""
         match = getattr(drafter, "last_match", 0)
 
         # 2. Plan from what has been measured: check the draft, and how, or not.
@@ -109,19 +160,24 @@ async def speculate(
         if plan.strategy == "plain":
             # Nothing worth checking: the target streams plainly until a
             # draft shows up that would pay (or the text ends).
-            async for piece in _stream_plainly(api, drafter, policy, out, stats):
-                yield piece
+            try:
+                async with aclosing(_stream_plainly(api, drafter, policy, out, stats)) as pieces:
+                    async for piece in pieces:
+                        yield piece
+            except TargetError as exc:
+                recovery.survive(exc, speculative=False, out=out, policy=policy, stats=stats)
             continue
         draft = draft[: plan.draft_chars]
 
         # 3. Verify the draft with the target.
         try:
             verdict = await verifiers[plan.strategy].verify(out.context, draft, plan)
-        except (EchoUnsupported, TargetHTTPError) as exc:
-            if plan.strategy != "echo" or isinstance(exc, TargetHTTPError) and exc.status_code not in (400, 422, 501):
-                raise
-            policy.drop("echo")  # refused mid-run: fall back, lose nothing
-            stats.note(f"echo verification refused by the server ({exc}); continuing without it")
+        except TargetError as exc:
+            if plan.strategy == "echo" and (isinstance(exc, EchoUnsupported) or isinstance(exc, TargetHTTPError) and exc.status_code in (400, 422, 501)):
+                policy.drop("echo")  # refused mid-run: fall back, lose nothing
+                stats.note(f"echo verification refused by the server ({exc}); continuing without it")
+            else:
+                recovery.survive(exc, speculative=True, out=out, policy=policy, stats=stats)
             continue
 
         # 4. Accept the confirmed prefix, within max_tokens and stop strings.
@@ -187,6 +243,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
     draft, draft_at, kind, group_started, group_width, group_tokens = "", 0, "short", 0.0, 1, 0
     replay: deque[tuple[Branch, Any]] = deque()  # a promoted branch's items, oldest first
     end: StreamEnd | None = None
+    failed: BaseException | None = None
     split = False
     used_tokens = 0
     hunch: tuple[int, str] = (0, "")  # the last draft proposed, and where
@@ -232,7 +289,8 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                 continue
             if isinstance(item, BaseException):
                 if branch is main:
-                    raise item
+                    failed = item  # what it gave is kept: whole tokens, at a safe cut
+                    break
                 # A side branch failed: only speed is lost.  The server may be
                 # struggling, so no more branches in this generation.
                 close_group(group.index(branch))
@@ -309,7 +367,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
 
             # 5. Plan: open side branches for a draft that pays, or cut the
             #    stream for an echo round that pays more.
-            if group or replay or not units or main.live.opaque_tail:
+            if group or replay or not units or main.live.opaque_tail or not policy.speculating:
                 continue
             proposal = _propose(drafter, policy, stats, time.perf_counter() - started)
             if proposal is None:
@@ -371,6 +429,8 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
     # Every stream bills what it generated, closed ones included (about).
     stats.completion_tokens_billed += sum(b.tokens_seen for b in streams.branches)
     stats.trace.append(["stream", 0, 0, used_tokens, round(seconds, 3)])
+    if failed is not None:
+        raise failed
     policy.observe_stream(used_tokens, seconds, plain=streams.opened == 1)
 
 

@@ -279,6 +279,15 @@ class Policy:
         if self.forced == strategy:
             self.forced = None
 
+    def stop_speculating(self) -> None:
+        """Verification keeps failing: plan plain streaming from now on."""
+        self.strategies.clear()
+        self.forced = None
+
+    @property
+    def speculating(self) -> bool:
+        return bool(self.strategies)
+
     def observe_text(self, chars: int, tokens: int) -> None:
         if tokens > 0:
             self.chars_per_token += 0.1 * (chars / tokens - self.chars_per_token)

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .._cancel import cancel_once
 from .._target import StreamEnd, StreamPiece, TargetAPI
 from .._tokens import OPAQUE, Unit, align_tokens, count_tokens
 
@@ -142,7 +143,7 @@ class Streams:
             if branch.task is not None:
                 self.width -= 1
                 if not branch.task.done():
-                    branch.task.cancel()
+                    cancel_once(branch.task)
 
     async def next(self) -> tuple[Branch, Any]:
         """The next item of a branch that is still open."""
@@ -154,7 +155,7 @@ class Streams:
     async def aclose(self) -> None:
         for branch in self.branches:
             if branch.task is not None and not branch.task.done():
-                branch.task.cancel()
+                cancel_once(branch.task)
         await asyncio.gather(*(b.task for b in self.branches if b.task is not None), return_exceptions=True)
 
 

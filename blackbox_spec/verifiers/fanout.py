@@ -24,6 +24,7 @@ import asyncio
 import time
 
 from .._exceptions import TargetResponseError
+from .._cancel import cancel_once
 from .._target import Completion, TargetAPI
 from .._tokens import Unit
 from .base import Plan, Verdict, add_usage, complete_units
@@ -110,13 +111,21 @@ class FanoutVerifier:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     i = tasks[task]
+                    if task.exception() is not None:
+                        # A failed request (after its retries) only ends the
+                        # chain before it: the requests before it still stand
+                        # on the target's path.  Without request 0 nothing does.
+                        if i == 0:
+                            raise task.exception()  # type: ignore[misc]
+                        broken = min(broken, i - 1)
+                        continue
                     results[i] = task.result()
                     units = results[i].units
                     if i < broken and (units is None or units_through(units, draft, offsets[i], offsets[i + 1]) is None):
                         broken = i
                 useless = {t for t in pending if tasks[t] > broken}
                 for task in useless:
-                    task.cancel()
+                    cancel_once(task)
                 cancelled += len(useless)
                 pending -= useless
                 if all(results[i] is not None for i in range(broken + 1)):
@@ -124,7 +133,7 @@ class FanoutVerifier:
         finally:
             for task in tasks:
                 if not task.done():
-                    task.cancel()
+                    cancel_once(task)
             await asyncio.gather(*tasks, return_exceptions=True)
 
         verdict = Verdict([], calls=len(offsets), cancelled=cancelled)
