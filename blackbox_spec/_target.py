@@ -10,6 +10,7 @@ and every message passes through :func:`redact` so the API key never leaks.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -28,6 +29,7 @@ from ._exceptions import (
     TargetResponseError,
     redact,
 )
+from ._cancel import ShieldedCloseTransport
 from ._retry import RetryPolicy, parse_retry_after
 from ._tokens import Unit, align_tokens
 
@@ -77,6 +79,24 @@ class StreamEnd:
     usage: Usage = field(default_factory=Usage)
 
 
+def display_url(url: str) -> str:
+    """``url`` as messages and reprs show it: credentials in it (user info,
+    query values such as ``?key=``) masked, for keys can travel that way too.
+
+    >>> display_url("http://user:sk-1@host:8000/v1?key=sk-2")
+    'http://***@host:8000/v1?key=***'
+    """
+    try:
+        parsed = httpx.URL(url)
+    except Exception:  # httpx raises several types for bad URLs
+        return "<invalid URL>"
+    if parsed.userinfo:
+        parsed = parsed.copy_with(userinfo=b"***")
+    if parsed.query:
+        parsed = parsed.copy_with(query="&".join(f"{key}=***" for key in parsed.params.keys()).encode())
+    return str(parsed)
+
+
 def resolve_settings(base_url: str | None, api_key: str | None) -> tuple[str, str | None]:
     """Explicit arguments win; then ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``,
     as the openai SDK reads them; then the SDK's default base URL."""
@@ -85,9 +105,9 @@ def resolve_settings(base_url: str | None, api_key: str | None) -> tuple[str, st
     try:
         parsed = httpx.URL(url)
     except Exception as exc:  # httpx raises several types for bad URLs
-        raise ConfigurationError(f"invalid base URL {redact(url, key)!r}: {exc}") from None
+        raise ConfigurationError(redact(f"invalid base URL {url!r}: {exc}", key)) from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigurationError(f"invalid base URL {redact(url, key)!r}: expected http(s)://host[:port]/v1")
+        raise ConfigurationError(redact(f"invalid base URL {display_url(url)!r}: expected http(s)://host[:port]/v1", key))
     return url.rstrip("/"), key
 
 
@@ -104,20 +124,31 @@ class TargetAPI:
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: float = 600.0,
         retries: RetryPolicy | None = None,
+        max_in_flight: int | None = None,
     ) -> None:
-        self.base_url = base_url
+        self._url = base_url  # requests go here; messages show ``base_url``
+        self.base_url = display_url(base_url)
         self._api_key = api_key
         self.model = model
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._owns_client = http_client is None
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
         self._client = http_client or httpx.AsyncClient(
-            transport=transport, timeout=httpx.Timeout(timeout, connect=10.0),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+            # Responses are closed shielded from cancellation (see ``_cancel``).
+            transport=ShieldedCloseTransport(transport or httpx.AsyncHTTPTransport(limits=limits)),
+            timeout=httpx.Timeout(timeout, connect=10.0), limits=limits,
         )
         self._headers = headers
         self.retries = retries if retries is not None else RetryPolicy()
         self.calls = 0  # HTTP requests, retries included
         self.retried = 0  # of which retries after a transient failure
+        # One limit on requests in flight for everything this client runs
+        # (generations at once, their branches and fan-outs); a retry waits
+        # for its backoff without holding a slot.
+        self.max_in_flight = max_in_flight
+        self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+        self.in_flight = 0
+        self.peak_in_flight = 0
 
     def __repr__(self) -> str:  # never show the key
         return f"TargetAPI(base_url={self.base_url!r}, model={self.model!r})"
@@ -142,13 +173,29 @@ class TargetAPI:
     def _count_retry(self, error: BaseException, seconds: float) -> None:
         self.retried += 1
 
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """A place among the requests in flight, held until the answer is read
+        (a stream's until it is closed)."""
+        if self._slots is not None:
+            await self._slots.acquire()
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if self._slots is not None:
+                self._slots.release()
+
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
         """One call, retried on transient failures (see :mod:`._retry`)."""
         async for attempt in self.retries.retrying(self._count_retry):
             with attempt:
                 self.calls += 1
                 try:
-                    response = await self._client.request(method, self.base_url + path, json=body, headers=self._headers)
+                    async with self._slot():
+                        response = await self._client.request(method, self._url + path, json=body, headers=self._headers)
                 except httpx.HTTPError as exc:
                     raise self._connection_error(exc) from None
                 if response.status_code >= 400:
@@ -217,15 +264,14 @@ class TargetAPI:
             full = choice["text"]
             if not isinstance(full, str):
                 raise TypeError("text is not a string")
-        except (KeyError, IndexError, TypeError) as exc:
-            raise TargetResponseError(self._fail(f"malformed completion from {self.base_url}: {exc!r}")) from None
-        raw_usage = data.get("usage") or {}
-        usage = Usage(int(raw_usage.get("prompt_tokens") or 0), int(raw_usage.get("completion_tokens") or 0))
-        finish = choice.get("finish_reason")
+            usage = _usage(data.get("usage")) or Usage()
+            finish = choice.get("finish_reason")
+            tokens, lps, tops = _logprob_lists(choice.get("logprobs"))
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise TargetResponseError(self._fail(f"malformed completion from {self.base_url}: {type(exc).__name__}: {exc}")) from None
         echoed = echoed_prompt is not None and full.startswith(echoed_prompt)
         text = full[len(echoed_prompt):] if echoed else full
         completion = Completion(text, finish, usage, elapsed, echoed=echoed)
-        tokens, lps, tops = _logprob_lists(choice.get("logprobs"))
         if tokens is None:
             return completion
         if echoed:
@@ -243,7 +289,8 @@ class TargetAPI:
                 self.calls += 1
                 opened = contextlib.AsyncExitStack()
                 try:
-                    response = await opened.enter_async_context(self._client.stream("POST", self.base_url + "/completions", json=body, headers=self._headers))
+                    await opened.enter_async_context(self._slot())
+                    response = await opened.enter_async_context(self._client.stream("POST", self._url + "/completions", json=body, headers=self._headers))
                     if response.status_code >= 400:
                         await response.aread()
                         raise self._http_error(response)
@@ -273,35 +320,62 @@ class TargetAPI:
         opened, response = await self._open_stream(body)
         try:
             async with opened:
-                seen_data = False
+                seen_data = complete = False
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
                     seen_data = True
                     payload = line[5:].strip()
                     if payload == "[DONE]":
+                        complete = True
                         break
                     try:
-                        chunk = json.loads(payload)
-                    except ValueError:
-                        raise TargetResponseError(self._fail(f"malformed stream chunk from {self.base_url}")) from None
-                    if chunk.get("usage"):
-                        end.usage = Usage(int(chunk["usage"].get("prompt_tokens") or 0), int(chunk["usage"].get("completion_tokens") or 0))
-                    for choice in chunk.get("choices") or []:
-                        tokens = None
-                        if logprobs is not None:
-                            tokens, _, _ = _logprob_lists(choice.get("logprobs"))
-                        if choice.get("text") or tokens:
-                            yield StreamPiece(choice.get("text") or "", tokens)
-                        if choice.get("finish_reason"):
-                            end.finish_reason = choice["finish_reason"]
+                        pieces, finish, usage = _parse_chunk(json.loads(payload), logprobs is not None)
+                    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+                        raise TargetResponseError(self._fail(f"malformed stream chunk from {self.base_url}: {type(exc).__name__}")) from None
+                    if usage is not None:
+                        end.usage = usage
+                    for piece in pieces:
+                        yield piece
+                    if finish:
+                        end.finish_reason = finish
+                        complete = True
                 if not seen_data:
                     raise TargetResponseError(self._fail(f"{self.base_url} did not answer with a server-sent event stream"))
+                if not complete:
+                    # Neither [DONE] nor a finish reason: the connection closed
+                    # part-way (an HTTP/1.0 stream ends so), not the text.
+                    raise TargetConnectionError(self._fail(f"stream from {self.base_url} ended early, without [DONE] or a finish reason"), retryable=True)
         except httpx.TimeoutException:
-            raise TargetConnectionError(self._fail(f"stream from {self.base_url} timed out")) from None
+            raise TargetConnectionError(self._fail(f"stream from {self.base_url} timed out"), retryable=True) from None
         except httpx.HTTPError as exc:
-            raise TargetConnectionError(self._fail(f"cannot reach {self.base_url}: {exc or type(exc).__name__}")) from None
+            # A stream that broke after it opened: worth another try (the
+            # orchestrator resumes from the last whole token it accepted).
+            raise TargetConnectionError(self._fail(f"stream from {self.base_url} broke: {exc or type(exc).__name__}"), retryable=True) from None
         yield end
+
+
+def _usage(raw: Any) -> Usage | None:
+    """The ``usage`` object, if there is one (a wrong type raises TypeError or ValueError)."""
+    if not raw:
+        return None
+    return Usage(int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0))
+
+
+def _parse_chunk(chunk: Any, with_tokens: bool) -> tuple[list[StreamPiece], str | None, Usage | None]:
+    """One server-sent event's pieces, finish reason and usage; anything not
+    shaped as the API describes raises TypeError, ValueError or the like."""
+    pieces: list[StreamPiece] = []
+    finish = None
+    for choice in chunk.get("choices") or []:
+        text = choice.get("text") or ""
+        if not isinstance(text, str):
+            raise TypeError("text is not a string")
+        tokens = _logprob_lists(choice.get("logprobs"))[0] if with_tokens else None
+        if text or tokens:
+            pieces.append(StreamPiece(text, tokens))
+        finish = choice.get("finish_reason") or finish
+    return pieces, finish, _usage(chunk.get("usage"))
 
 
 def _logprob_lists(logprobs: Any) -> tuple[list[str] | None, list, list]:
@@ -316,6 +390,8 @@ def _logprob_lists(logprobs: Any) -> tuple[list[str] | None, list, list]:
         tops = list(logprobs.get("top_logprobs") or [None] * n)
         if len(lps) != n or len(tops) != n:
             raise TargetResponseError("logprobs lists have different lengths")
+        if not all(top is None or isinstance(top, dict) for top in tops):
+            raise TypeError("top_logprobs entries are not objects")
         return [str(t) for t in tokens], lps, tops
     content = logprobs.get("content")
     if isinstance(content, list):

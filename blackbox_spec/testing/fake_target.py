@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,6 +37,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterable
 
 import httpx
+
+from .faults import Faults
 
 EOS_TEXT = "<|endoftext|>"
 OPAQUE_TEXT = "\ufffd"
@@ -290,6 +294,11 @@ class FakeTarget:
     decode_s: float = 0.0
     prefill_s: float = 0.0
     api_key: str | None = None
+    # Prompt plus max_tokens beyond this many tokens is refused as vLLM does.
+    context_window: int | None = None
+    # Error messages repeat the Authorization header, as some proxies do
+    # (for tests that the client never shows the key).
+    leaky_errors: bool = False
     model: FakeModel = field(default_factory=FakeModel)
     requests: list[dict[str, Any]] = field(default_factory=list)
 
@@ -355,6 +364,12 @@ class FakeTarget:
         return status, {"error": {"message": message, "type": kind, "code": status}}, None
 
     def _dispatch(self, method: str, path: str, headers: Any, content: bytes) -> tuple[int, dict, list | None]:
+        status, payload, chunks = self._answer(method, path, headers, content)
+        if self.leaky_errors and status >= 400:
+            payload["error"]["message"] += f" (request had authorization: {headers.get('authorization')})"
+        return status, payload, chunks
+
+    def _answer(self, method: str, path: str, headers: Any, content: bytes) -> tuple[int, dict, list | None]:
         if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
             return self._error(401, "Invalid API key.", "AuthenticationError")
         if method == "GET" and path.endswith("/models"):
@@ -381,8 +396,16 @@ class FakeTarget:
         stop = [stop] if isinstance(stop, str) else list(stop)
         logprobs = body.get("logprobs")
         echo = bool(body.get("echo")) and self.echo == "yes"
-        text, finish, out = self.generate(prompt, max_tokens, stop)
         prompt_ids = tok.encode(prompt)
+        if self.context_window is not None and len(prompt_ids) + max_tokens > self.context_window:
+            return self._error(
+                400,
+                f"This model's maximum context length is {self.context_window} tokens. However, you requested "
+                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, {max_tokens} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                "BadRequestError",
+            )
+        text, finish, out = self.generate(prompt, max_tokens, stop)
         record = dict(body, _generated=len(out), _prefilled=len(prompt_ids) if echo else 0)
         self.requests.append(record)
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out), "total_tokens": len(prompt_ids) + len(out)}
@@ -461,41 +484,103 @@ class FakeTarget:
 
     # -- a real HTTP server, for subprocess tests and demos ------------------
 
-    def serve(self, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-        """Start serving in a daemon thread; returns the server (``server_address`` has the port)."""
+    def serve(self, host: str = "127.0.0.1", port: int = 0, *, faults: Faults | None = None, hang_s: float = 5.0) -> ThreadingHTTPServer:
+        """Start serving in a daemon thread; returns the server (``server_address`` has the port).
+
+        Streams go out one chunk at a time, ``decode_s`` apart, so a client
+        can close one part-way (the server then stops writing, as vLLM
+        aborts the request).  ``faults`` are injected as a remote API shows
+        them (see :mod:`.faults`); a "timeout" holds the request ``hang_s``
+        seconds before closing it unanswered.  ``GET /fake/stats`` reports
+        requests in flight (and the most at once), served, and faults injected.
+        """
         fake = self
         lock = threading.Lock()
+        counts = {"in_flight": 0, "peak_in_flight": 0, "served": 0}
 
         class Handler(BaseHTTPRequestHandler):
             def _run(self) -> None:
+                with lock:
+                    counts["in_flight"] += 1
+                    if not self.path.endswith("/fake/stats"):
+                        counts["peak_in_flight"] = max(counts["peak_in_flight"], counts["in_flight"])
+                try:
+                    self._serve()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client closed the request (fan-out and branches do): fine
+                finally:
+                    with lock:
+                        counts["in_flight"] -= 1
+                        counts["served"] += 1
+
+            def _serve(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length)
+                if self.path.endswith("/fake/stats"):
+                    with lock:
+                        stats = dict(counts, in_flight=counts["in_flight"] - 1, faults=faults.summary() if faults else None)
+                    return self._send(200, json.dumps(stats).encode(), "application/json")
+                fault = None
+                if faults is not None and self.command == "POST":
+                    try:
+                        fault = faults.draw(json.loads(body or b"{}").get("prompt"))
+                    except (ValueError, AttributeError):
+                        fault = faults.draw()
+                if fault == "429":
+                    return self._send(429, b'{"error": {"message": "rate limited (injected)"}}', "application/json", {"retry-after": "0"})
+                if fault == "500":
+                    return self._send(500, b'{"error": {"message": "internal error (injected)"}}', "application/json")
+                if fault == "timeout":
+                    time.sleep(hang_s)
+                    return self._reset()
                 with lock:  # so the record we cost is this request's own
                     before = len(fake.requests)
                     status, payload, chunks = fake._dispatch(self.command, self.path, self.headers, body)
                     record = fake.requests[before] if len(fake.requests) > before else None
-                if record is not None:  # a completion: simulate its cost, concurrently
-                    time.sleep(fake._simulated_seconds(record))
-                if chunks is not None:
-                    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-                    data, ctype = body.encode(), "text/event-stream"
-                else:
-                    data, ctype = json.dumps(payload).encode(), "application/json"
-                try:
-                    self.send_response(status)
-                    self.send_header("content-type", ctype)
-                    self.send_header("content-length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client cancelled this request (fan-out does): fine
+                if chunks is None:
+                    if record is not None:  # a completion: simulate its cost, concurrently
+                        time.sleep(fake._simulated_seconds(record))
+                    if fault == "reset":
+                        return self._reset()
+                    return self._send(status, json.dumps(payload).encode(), "application/json")
+                time.sleep(fake.latency)
+                self.send_response(status)
+                self.send_header("content-type", "text/event-stream")
+                self.end_headers()  # no length: the stream ends when the connection closes
+                cut = len(chunks) // 2 if fault == "reset" else None
+                for k, chunk in enumerate(chunks):
+                    if k == cut:
+                        return self._reset()
+                    time.sleep(fake.decode_s)
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+
+            def _send(self, status: int, data: bytes, ctype: str, headers: dict | None = None) -> None:
+                self.send_response(status)
+                self.send_header("content-type", ctype)
+                self.send_header("content-length", str(len(data)))
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _reset(self) -> None:
+                """Close the connection with a TCP reset, mid-answer or before it."""
+                self.wfile.flush()
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.close_connection = True
 
             do_GET = do_POST = _run
 
             def log_message(self, *args: Any) -> None:  # keep test output clean
                 pass
 
-        server = ThreadingHTTPServer((host, port), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 256  # every request is a new connection (HTTP/1.0): take bursts
+            daemon_threads = True
+
+        server = Server((host, port), Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
 
@@ -523,10 +608,20 @@ def main() -> None:  # pragma: no cover - exercised by the CLI subprocess tests
     parser.add_argument("--decode-ms", type=float, default=0.0, help="simulated cost per generated token")
     parser.add_argument("--prefill-ms", type=float, default=0.0, help="simulated cost per echoed prompt token")
     parser.add_argument("--deviate-every", type=int, default=9, help="how rarely the model stops copying its context")
+    parser.add_argument("--fault-rate", type=float, default=0.0, help="share of requests that fail (429, 500, timeout, reset)")
+    parser.add_argument("--fault-kinds", nargs="+", default=None, help="which faults to inject (default: all four)")
+    parser.add_argument("--fault-seed", type=int, default=0, help="seed of the fault draw")
+    parser.add_argument("--hang-s", type=float, default=5.0, help="how long a 'timeout' fault holds the request")
+    parser.add_argument("--api-key", default=None, help="require this bearer key")
+    parser.add_argument("--context-window", type=int, default=None, help="refuse prompt + max_tokens beyond this many tokens")
     args = parser.parse_args()
     fake = FakeTarget(model_name=args.model, echo=args.echo, model=FakeModel(deviate_every=args.deviate_every), latency=args.latency_ms / 1000,
-                      decode_s=args.decode_ms / 1000, prefill_s=args.prefill_ms / 1000)
-    server = fake.serve(port=args.port)
+                      decode_s=args.decode_ms / 1000, prefill_s=args.prefill_ms / 1000, api_key=args.api_key,
+                      context_window=args.context_window)
+    faults = None
+    if args.fault_rate:
+        faults = Faults(rate=args.fault_rate, seed=args.fault_seed, **({"kinds": tuple(args.fault_kinds)} if args.fault_kinds else {}))
+    server = fake.serve(port=args.port, faults=faults, hang_s=args.hang_s)
     print(f"fake target on http://127.0.0.1:{server.server_address[1]}/v1", flush=True)
     threading.Event().wait()
 
