@@ -13,6 +13,8 @@ import asyncio
 import json
 import os
 import sys
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
@@ -34,6 +36,7 @@ examples:
   bspec run prompt.txt --drafter llama --draft-model qwen-0.5b.gguf   # a small local model
   bspec run prompt.txt --strategy fanout --json  # force one verification strategy
   cat prompt.txt | bspec run -                   # prompt from standard input
+  bspec run a.txt b.txt prompts.jsonl --concurrency 16 > results.jsonl   # a batch: one JSON line each
   bspec run prompt.txt --local --target-model qwen-1.5b/ --draft-model qwen-0.5b/ --temperature 0.7 --seed 1
 
 The output is exactly what a plain temperature-0 call to the same server
@@ -60,7 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=RUN_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("prompt_file", metavar="PROMPT_FILE", help="UTF-8 text file with the prompt ('-' reads standard input)")
+    run.add_argument(
+        "prompt_files", nargs="+", metavar="PROMPT_FILE",
+        help="UTF-8 text file with the prompt ('-' reads standard input); several files, or a .jsonl file of "
+        '{"prompt": ..., "id"?, "max_tokens"?, "stop"?} lines, run as a batch that prints one JSON line per prompt',
+    )
     run.add_argument("--base-url", help="OpenAI-compatible API root, e.g. http://127.0.0.1:8000/v1 (default: $OPENAI_BASE_URL)")
     run.add_argument("--api-key", help="API key (default: $OPENAI_API_KEY); never printed")
     run.add_argument("--model", help="model name (default: the first one the server lists)")
@@ -74,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fanout-width", type=_positive_int, default=16, metavar="W", help="most concurrent streams (side branches + the main one), or requests per round with --strategy fanout; narrower widths are measured first (default: 16)")
     run.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one server response (default: 600)")
     run.add_argument("--retries", type=_non_negative_int, default=5, metavar="N", help="retries of a call after a 429, 408, 409, 5xx, timeout or reset, waiting as the server's Retry-After says or with jittered exponential backoff (at most 30 s each, 120 s in all); 0 turns them off (default: 5)")
+    run.add_argument("--concurrency", type=_positive_int, default=8, metavar="N", help="batch: generations at once (default: 8)")
+    run.add_argument("--max-in-flight", type=_positive_int, default=64, metavar="N", help="most HTTP requests in flight at once, over all generations and their branches (default: 64)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     run.add_argument("--quiet", action="store_true", help="do not print the stats line on stderr")
     _add_local_arguments(run)
@@ -253,11 +262,60 @@ def _check_mode(args: argparse.Namespace) -> None:
         raise ConfigurationError(f"{' '.join(given)} {'needs' if len(given) == 1 else 'need'} --local: the API mode is exact greedy decoding (temperature 0)")
 
 
+@dataclass
+class BatchItem:
+    """One prompt of a batch, and where it came from."""
+
+    source: str  # the file, or file:line for a .jsonl line
+    prompt: str
+    id: object = None
+    max_tokens: int | None = None
+    stop: list[str] | None = None
+
+
+def read_batch(paths: Sequence[str]) -> list[BatchItem]:
+    """Every prompt of ``paths``: a text file is one prompt, a .jsonl file
+    one per line.  Any bad line is a :class:`PromptError` before anything runs."""
+    items: list[BatchItem] = []
+    for path in paths:
+        if not path.endswith(".jsonl"):
+            items.append(BatchItem(path, read_prompt(path)))
+            continue
+        text = read_prompt(path)
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                items.append(_batch_line(f"{path}:{number}", line))
+    return items
+
+
+def _batch_line(where: str, line: str) -> BatchItem:
+    try:
+        data = json.loads(line)
+    except ValueError as exc:
+        raise PromptError(f"{where}: not JSON ({exc.msg})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("prompt"), str) or not data["prompt"]:
+        raise PromptError(f'{where}: expected an object with a non-empty "prompt" string')
+    unknown = set(data) - {"prompt", "id", "max_tokens", "stop"}
+    if unknown:
+        raise PromptError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; allowed: prompt, id, max_tokens, stop")
+    max_tokens = data.get("max_tokens")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise PromptError(f"{where}: max_tokens must be a whole number >= 1")
+    stop = data.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(x, str) and x for x in stop)):
+        raise PromptError(f"{where}: stop must be a string or a list of non-empty strings")
+    return BatchItem(where, data["prompt"], data.get("id"), max_tokens, stop)
+
+
 def _run_local(args: argparse.Namespace, result_box: list[GenerationResult]) -> int:
     from .local import LocalSpeculator, SamplingParams
     from .local.engine import DEFAULT_GAMMA
 
-    prompt = read_prompt(args.prompt_file)
+    if len(args.prompt_files) > 1 or args.prompt_files[0].endswith(".jsonl"):
+        raise ConfigurationError("--local runs one prompt file at a time")
+    prompt = read_prompt(args.prompt_files[0])
     try:
         sampling = SamplingParams(
             temperature=1.0 if args.temperature is None else args.temperature,
@@ -294,21 +352,31 @@ def _run_local(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
     return 0
 
 
-async def _run(args: argparse.Namespace, result_box: list[GenerationResult]) -> int:
-    prompt = read_prompt(args.prompt_file)
+def _client(args: argparse.Namespace) -> SpecClient:
     strategy = "echo" if args.strategy == "logprobs" else args.strategy
     args.drafter = args.drafter or "ngram"
-    async with SpecClient(
+    return SpecClient(
         args.base_url, args.api_key, args.model,
         drafter=None if args.drafter == "none" else args.drafter,
         draft_model=args.draft_model, draft_device=args.draft_device,
         strategy=strategy, timeout=args.timeout, fanout_width=args.fanout_width,
-        retries=RetryPolicy(attempts=args.retries + 1),
-    ) as client:
-        if args.drafter in ("llama", "hf"):
-            if not args.quiet:
-                _log(f"loading the draft model {args.draft_model} (seconds, once per run)")
-            await client.load_drafter()
+        retries=RetryPolicy(attempts=args.retries + 1), max_in_flight=args.max_in_flight,
+    )
+
+
+async def _load_drafter(args: argparse.Namespace, client: SpecClient) -> None:
+    if args.drafter in ("llama", "hf"):
+        if not args.quiet:
+            _log(f"loading the draft model {args.draft_model} (seconds, once per run)")
+        await client.load_drafter()
+
+
+async def _run(args: argparse.Namespace, result_box: list[GenerationResult]) -> int:
+    if len(args.prompt_files) > 1 or args.prompt_files[0].endswith(".jsonl"):
+        return await _run_batch(args)
+    prompt = read_prompt(args.prompt_files[0])
+    async with _client(args) as client:
+        await _load_drafter(args, client)
         stream = client.stream(prompt, max_tokens=args.max_tokens, stop=args.stop)
         result_box.append(stream.result)
         async for piece in stream:
@@ -325,8 +393,72 @@ async def _run(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
     return 0
 
 
+async def _run_batch(args: argparse.Namespace) -> int:
+    """Every prompt, ``--concurrency`` at a time; one JSON line each, in input
+    order, printed as soon as the prompts before it are done."""
+    items = read_batch(args.prompt_files)
+    outcomes: dict[int, GenerationResult | BlackboxSpecError] = {}
+    streams: dict[int, GenerationResult] = {}
+    printed = 0
+    failed = 0
+
+    def line(index: int, outcome: GenerationResult | BlackboxSpecError, model: str | None) -> str:
+        item = items[index]
+        if isinstance(outcome, BlackboxSpecError):
+            partial = outcome.partial if isinstance(outcome.partial, GenerationResult) else GenerationResult("", GenerationStats())
+            data = _json_object(partial, model, outcome.message)
+        else:
+            data = _json_object(outcome, model)
+        head = {"index": index, "source": item.source} | ({"id": item.id} if item.id is not None else {})
+        return json.dumps(head | data, ensure_ascii=False)
+
+    async with _client(args) as client:
+        await _load_drafter(args, client)
+        gate = asyncio.Semaphore(args.concurrency)
+
+        def flush() -> None:
+            nonlocal printed
+            while printed in outcomes:
+                print(line(printed, outcomes[printed], client.model), flush=True)
+                printed += 1
+
+        async def one(index: int, item: BatchItem) -> None:
+            nonlocal failed
+            async with gate:
+                stream = client.stream(item.prompt, max_tokens=item.max_tokens or args.max_tokens, stop=item.stop or args.stop)
+                streams[index] = stream.result
+                try:
+                    async for _ in stream:
+                        pass
+                    outcomes[index] = stream.result
+                except BlackboxSpecError as exc:
+                    outcomes[index] = exc
+                    failed += 1
+            if not args.quiet:
+                outcome = outcomes[index]
+                how = f"failed: {outcome}" if isinstance(outcome, BlackboxSpecError) else f"{outcome.stats.output_tokens} tokens in {outcome.stats.wall_s:.1f}s"
+                _log(f"{len(outcomes)}/{len(items)} {item.source}: {how}")
+            flush()
+
+        try:
+            await asyncio.gather(*(one(i, item) for i, item in enumerate(items)))
+        finally:
+            # Interrupted: the lines not printed yet, of prompts finished or
+            # under way (partial, marked interrupted); none of those not started.
+            for index, result in streams.items():
+                if index not in outcomes:
+                    result.stats.interrupted = True
+                    outcomes[index] = result
+            for index in sorted(i for i in outcomes if i >= printed):
+                print(line(index, outcomes[index], client.model), flush=True)
+    if not args.quiet:
+        ok = len(items) - failed
+        _log(f"batch: {ok} of {len(items)} prompts completed" + (f", {failed} failed (their lines carry an error)" if failed else ""))
+    return EXIT_ERROR if failed else 0
+
+
 def _json_object(result: GenerationResult, model: str | None, error: str | None = None) -> dict:
-    data = {"text": result.text, "finish_reason": result.finish_reason, "model": model, "stats": result.stats.to_dict()}
+    data = {"text": result.text, "finish_reason": result.finish_reason, "interrupted": result.stats.interrupted, "model": model, "stats": result.stats.to_dict()}
     if error is not None:
         data["error"] = error
     return data
@@ -339,6 +471,8 @@ def _summary(result: GenerationResult) -> str:
         f"{s.rounds} rounds, {s.target_calls} calls, acceptance {s.acceptance_rate:.0%}, "
         f"{s.mean_accepted_per_round:.2f} tokens/round, finish: {s.finish_reason}"
         + (f", {s.retries} retried calls" if s.retries else "")
+        + (f", {s.failed_rounds} failed rounds resumed" if s.failed_rounds else "")
+        + (", then plain decoding (verification kept failing)" if s.fallback else "")
     )
 
 
@@ -444,6 +578,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(_run(args, box))
     except BlackboxSpecError as exc:
         message = redact(str(exc), secret)
+        if os.environ.get("BSPEC_DEBUG"):
+            sys.stderr.write(redact("".join(traceback.format_exception(exc)), secret))
         if getattr(args, "json", False):
             partial = exc.partial if isinstance(exc.partial, GenerationResult) else (box[0] if box else None)
             if partial is not None:
@@ -453,14 +589,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bspec: error: {message}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
+        # asyncio.run has cancelled the generation, which closed its requests.
+        if box:
+            box[0].stats.interrupted = box[0].finish_reason is None
         if getattr(args, "json", False) and box:
             print(json.dumps(_json_object(box[0], args.model, "interrupted"), ensure_ascii=False))
-        print("\nbspec: interrupted", file=sys.stderr)
+        print("\nbspec: interrupted" + (f" after {len(box[0].text)} characters" if box else ""), file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # a bug: still one line, unless asked for more
         if os.environ.get("BSPEC_DEBUG"):
-            raise
-        print(f"bspec: internal error: {redact(f'{type(exc).__name__}: {exc}', secret)} (set BSPEC_DEBUG=1 for details)", file=sys.stderr)
+            # The whole traceback, but never the key (a message may hold it).
+            sys.stderr.write(redact("".join(traceback.format_exception(exc)), secret))
+        else:
+            print(f"bspec: internal error: {redact(f'{type(exc).__name__}: {exc}', secret)} (set BSPEC_DEBUG=1 for details)", file=sys.stderr)
         return EXIT_ERROR
 
 

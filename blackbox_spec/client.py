@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Callable, Sequence
 
 import httpx
 
@@ -73,11 +74,14 @@ class SpecClient:
         fanout_width: int = 16,
         max_draft_chars: int = 4096,
         retries: RetryPolicy | None = None,
+        max_in_flight: int | None = 64,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ConfigurationError(f"unknown strategy {strategy!r}; choose from: {', '.join(STRATEGIES)}")
         if fanout_width < 1 or max_draft_chars < 1:
             raise ConfigurationError("fanout_width and max_draft_chars must be at least 1")
+        if max_in_flight is not None and (isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1):
+            raise ConfigurationError(f"max_in_flight must be a positive integer or None, not {max_in_flight!r}")
         url, key = resolve_settings(base_url, api_key)
         # Checked now; one drafter is built per generation (a draft model and
         # the suffix drafter's session index are shared between them).
@@ -85,7 +89,8 @@ class SpecClient:
         self.strategy = strategy
         self.fanout_width = fanout_width
         self.max_draft_chars = max_draft_chars
-        self.api = TargetAPI(url, key, model, http_client=http_client, transport=transport, timeout=timeout, retries=retries)
+        self.api = TargetAPI(url, key, model, http_client=http_client, transport=transport, timeout=timeout, retries=retries, max_in_flight=max_in_flight)
+        self._probing = asyncio.Lock()  # generations started together probe once
         self.capabilities: Capabilities | None = None
         self.costs: ServerCosts | None = None  # measured server costs, kept across generations
 
@@ -124,18 +129,23 @@ class SpecClient:
     # -- probing -----------------------------------------------------------------
 
     async def ensure_model(self) -> str:
-        if self.api.model is None:
-            models = await self.api.list_models()
-            if not models:
-                raise ConfigurationError(f"no model given and {self.api.base_url}/models lists none; pass --model")
-            self.api.model = models[0]
+        async with self._probing:
+            if self.api.model is None:
+                models = await self.api.list_models()
+                if not models:
+                    raise ConfigurationError(f"no model given and {self.api.base_url}/models lists none; pass --model")
+                self.api.model = models[0]
         return self.api.model
 
     async def probe(self) -> Capabilities:
         """Learn once whether the server returns logprobs and honours echo."""
-        if self.capabilities is not None:
-            return self.capabilities
         await self.ensure_model()
+        async with self._probing:
+            if self.capabilities is None:
+                self.capabilities = await self._probe()
+        return self.capabilities
+
+    async def _probe(self) -> Capabilities:
         try:
             plain = await self.api.complete("Hello", max_tokens=2, logprobs=1)
             logprobs = bool(plain.units)
@@ -155,9 +165,8 @@ class SpecClient:
             echo = False
         except TargetResponseError:
             echo = False
-        self.capabilities = Capabilities(echo=echo, logprobs=logprobs, round_trip_s=plain.elapsed)
         self.costs = ServerCosts(plain.elapsed, echo_s)
-        return self.capabilities
+        return Capabilities(echo=echo, logprobs=logprobs, round_trip_s=plain.elapsed)
 
     # -- generation ---------------------------------------------------------------
 
@@ -169,8 +178,50 @@ class SpecClient:
             pass
         return stream.result
 
+    async def generate_many(
+        self,
+        prompts: Sequence[str],
+        *,
+        max_tokens: int = 256,
+        stop: str | Sequence[str] | None = None,
+        concurrency: int = 8,
+        on_done: Callable[[int, GenerationResult | BlackboxSpecError], None] | None = None,
+    ) -> list[GenerationResult | BlackboxSpecError]:
+        """Generate many continuations, ``concurrency`` at a time, in order.
+
+        A generation that fails does not stop the others: its slot holds the
+        error, whose ``partial`` keeps the text it had.  ``on_done(index,
+        outcome)`` hears of each one as it ends (for progress).  Requests in
+        flight stay within the client's ``max_in_flight`` in all.
+        Cancelling the call cancels every generation; each stream's partial
+        text is then lost with it, so use :meth:`stream` per prompt to keep it.
+        """
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError(f"concurrency must be a positive integer, not {concurrency!r}")
+        for prompt in prompts:
+            _check_arguments(prompt, max_tokens, stop)
+        gate = asyncio.Semaphore(concurrency)
+        outcomes: list[GenerationResult | BlackboxSpecError | None] = [None] * len(prompts)
+
+        async def one(index: int, prompt: str) -> None:
+            async with gate:
+                try:
+                    outcome: GenerationResult | BlackboxSpecError = await self.generate(prompt, max_tokens=max_tokens, stop=stop)
+                except BlackboxSpecError as exc:
+                    outcome = exc
+            outcomes[index] = outcome
+            if on_done is not None:
+                on_done(index, outcome)
+
+        await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        return outcomes  # type: ignore[return-value]
+
     def stream(self, prompt: str, *, max_tokens: int = 256, stop: str | Sequence[str] | None = None) -> GenerationStream:
-        """Like :meth:`generate`, yielding text as soon as the target confirms it."""
+        """Like :meth:`generate`, yielding text as soon as the target confirms it.
+
+        If the task reading it is cancelled, or it is closed early, every
+        request in flight is closed and ``.result`` keeps the text so far,
+        with ``stats.interrupted`` set."""
         stops = _check_arguments(prompt, max_tokens, stop)
         result = GenerationResult("", GenerationStats())
         return GenerationStream(self._run(prompt, max_tokens, stops, result), result)
@@ -181,11 +232,19 @@ class SpecClient:
         started, retried = time.perf_counter(), self.api.retried
         try:
             await self.ensure_model()
-            async for piece in self._pieces(out, stats):
-                result.text += piece
-                yield piece
+            # aclosing: an early close reaches the innermost stream at once.
+            async with aclosing(self._pieces(out, stats)) as pieces:
+                async for piece in pieces:
+                    result.text += piece
+                    yield piece
         except BlackboxSpecError as exc:
             exc.partial = result  # what the target already confirmed is kept
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            # Cancelled (or the caller stopped reading) before the end: the
+            # verifiers' and streams' own cleanup has closed every request;
+            # ``result`` keeps the text so far.
+            stats.interrupted = out.finish_reason is None
             raise
         finally:
             stats.wall_s = time.perf_counter() - started
@@ -194,8 +253,9 @@ class SpecClient:
 
     async def _pieces(self, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
         if self._new_drafter is None or self.strategy == "plain":
-            async for piece in decode_plainly(self.api, out, stats):
-                yield piece
+            async with aclosing(decode_plainly(self.api, out, stats)) as pieces:
+                async for piece in pieces:
+                    yield piece
             return
         caps = await self.probe()
         available = (["echo"] if caps.echo else []) + (["fanout"] if caps.logprobs else [])
@@ -208,8 +268,9 @@ class SpecClient:
             )
         if not caps.logprobs:
             stats.note("the server returns no logprobs, so token boundaries are unknown: decoding plainly")
-            async for piece in decode_plainly(self.api, out, stats):
-                yield piece
+            async with aclosing(decode_plainly(self.api, out, stats)) as pieces:
+                async for piece in pieces:
+                    yield piece
             return
         await self.load_drafter()
         drafter = self._new_drafter()
@@ -217,8 +278,9 @@ class SpecClient:
         policy.context_tokens = len(out.prompt) / policy.chars_per_token
         verifiers = {"echo": EchoVerifier(self.api), "fanout": FanoutVerifier(self.api)}
         try:
-            async for piece in speculate(self.api, drafter, policy, verifiers, out, stats):
-                yield piece
+            async with aclosing(speculate(self.api, drafter, policy, verifiers, out, stats)) as pieces:
+                async for piece in pieces:
+                    yield piece
         finally:
             finish = getattr(drafter, "finish", None)
             if finish is not None:

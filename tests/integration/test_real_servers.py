@@ -137,3 +137,25 @@ async def test_llama_server_speculative_text_is_the_plain_text(llama_target, pro
         plain = await plain_client.generate(prompt.text, max_tokens=96)
         spec = await spec_client.generate(prompt.text, max_tokens=96)
     await assert_same(llama_target, prompt.name, prompt.text, plain.text, spec.text, "auto", 96)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "echo"])
+async def test_vllm_exact_with_a_fifth_of_requests_failing(vllm_target, vllm_clients, strategy):
+    """Real vLLM behind a transport that fails a fifth of the requests (429,
+    500, timeouts, resets cutting streams off after a few chunks): each
+    text is still the plain one, and the faults really happened."""
+    from blackbox_spec import RetryPolicy
+    from blackbox_spec.testing.faults import Faults, FaultyTransport
+
+    plain_client, _ = vllm_clients
+    faults = Faults(rate=0.2, seed=7)
+    names = ["rename-js", "json-config", "story"]
+    prompts = [next(p for p in PROMPTS if p.name == name) for name in names]
+    plains = [await plain_client.generate(p.text, max_tokens=96) for p in prompts]
+    async with SpecClient(vllm_target.base_url, model=vllm_target.model, strategy=strategy,
+                          transport=FaultyTransport(faults), retries=RetryPolicy(base_s=0.05, max_wait_s=0.5)) as client:
+        outcomes = await client.generate_many([p.text for p in prompts], max_tokens=96, concurrency=3)
+    for prompt, plain, spec in zip(prompts, plains, outcomes):
+        assert hasattr(spec, "text"), spec
+        await assert_same(vllm_target, prompt.name, prompt.text, plain.text, spec.text, f"{strategy}, 20% faults", 96)
+    assert faults.summary()["injected"] >= 3, faults.summary()

@@ -1,0 +1,179 @@
+"""Cancelling a generation: a cancelled task, or Ctrl-C in the CLI, closes
+every request in flight at once and leaves a consistent partial result.
+
+Against the fake target served over real HTTP on loopback, streaming one
+token every few milliseconds, so requests are really in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from blackbox_spec import SpecClient
+from blackbox_spec.testing import FakeTarget
+
+from .conftest import PROMPTS
+
+
+class CountingTransport(httpx.AsyncBaseTransport):
+    """httpx's own transport, counting the requests whose response is not closed yet."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.open = 0
+        self.peak = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.open += 1
+        self.peak = max(self.peak, self.open)
+        try:
+            response = await self.inner.handle_async_request(request)
+        except BaseException:
+            self.open -= 1
+            raise
+        response.stream = _Counted(response.stream, self)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Counted(httpx.AsyncByteStream):
+    def __init__(self, stream, owner: CountingTransport) -> None:
+        self.stream, self.owner, self.closed = stream, owner, False
+
+    async def __aiter__(self):
+        async for chunk in self.stream:
+            yield chunk
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.owner.open -= 1
+        await self.stream.aclose()
+
+
+@pytest.fixture(scope="module")
+def slow_server():
+    fake = FakeTarget(decode_s=0.01, latency=0.01)
+    httpd = fake.serve()
+    yield fake, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+
+
+def streams_in_flight(url: str) -> int:
+    return httpx.get(url.replace("/v1", "/fake/stats")).json()["in_flight"]
+
+
+@pytest.mark.parametrize("strategy", ["auto", "echo", "fanout", "plain"])
+async def test_cancelling_the_task_closes_every_request(slow_server, strategy):
+    fake, url = slow_server
+    prompt = PROMPTS["code"] * 3
+    transport = CountingTransport()
+    async with SpecClient(url, None, "fake-model", strategy=strategy, transport=transport) as client:
+        stream = client.stream(prompt, max_tokens=400)
+        shown: list[str] = []
+
+        async def read() -> None:
+            async for piece in stream:
+                shown.append(piece)
+
+        task = asyncio.create_task(read())
+        while len("".join(shown)) < 30:
+            await asyncio.sleep(0.005)
+        assert transport.open >= 1 and not task.done()
+        asked = time.perf_counter()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        took = time.perf_counter() - asked
+        assert transport.open == 0, "a request was left open"
+        assert took < 0.5
+    result = stream.result
+    assert result.stats.interrupted and result.finish_reason is None
+    assert result.text == "".join(shown)  # what was shown is what the result holds
+    assert fake.generate(prompt, 400)[0].startswith(result.text)
+    deadline = time.time() + 3
+    while streams_in_flight(url) and time.time() < deadline:
+        await asyncio.sleep(0.02)
+    assert streams_in_flight(url) == 0  # the server noticed and stopped writing
+
+
+async def test_closing_the_stream_early_is_an_interruption_too(slow_server):
+    fake, url = slow_server
+    transport = CountingTransport()
+    async with SpecClient(url, None, "fake-model", transport=transport) as client:
+        stream = client.stream(PROMPTS["prose"], max_tokens=300)
+        async for piece in stream:
+            if len(stream.result.text) > 20:
+                break
+        await stream.aclose()
+        assert transport.open == 0
+    assert stream.result.stats.interrupted
+
+
+def _bspec(url: str, prompt_path: str, *extra: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "blackbox_spec.cli", "run", prompt_path, "--base-url", url, "--model", "fake-model", "--max-tokens", "2000", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_ctrl_c_in_the_cli_reports_the_partial_text(slow_server, tmp_path, as_json):
+    fake, url = slow_server
+    prompt = PROMPTS["code"] * 3
+    path = tmp_path / "prompt.txt"
+    path.write_text(prompt)
+    before = len(fake.requests)
+    process = _bspec(url, str(path), *(["--json"] if as_json else []))
+    deadline = time.time() + 60
+    while len(fake.requests) < before + 4 and time.time() < deadline:  # the probe, then generation
+        time.sleep(0.02)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    asked = time.time()
+    stdout, stderr = process.communicate(timeout=30)
+    took = time.time() - asked
+    assert process.returncode == 130, stderr.decode()
+    assert took < 3.0
+    err = stderr.decode()
+    assert "Traceback" not in err and "bspec: interrupted after" in err
+    truth = fake.generate(prompt, 2000)[0]
+    if as_json:
+        data = json.loads(stdout)
+        assert data["interrupted"] is True and data["stats"]["interrupted"] is True and data["error"] == "interrupted"
+        assert data["text"] and truth.startswith(data["text"]) and data["finish_reason"] is None
+    else:
+        text = stdout.decode()  # streamed as it came; the line break went to stderr
+        assert text and truth.startswith(text)
+
+
+def test_ctrl_c_in_a_batch_prints_what_was_under_way(slow_server, tmp_path):
+    fake, url = slow_server
+    prompts = [PROMPTS["code"] * 3 + str(k) for k in range(4)]
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(json.dumps({"prompt": p, "id": k}) + "\n" for k, p in enumerate(prompts)))
+    before = len(fake.requests)
+    process = _bspec(url, str(batch), "--concurrency", "2", "--quiet")
+    deadline = time.time() + 60
+    while len(fake.requests) < before + 4 and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130, stderr.decode()
+    lines = [json.loads(x) for x in stdout.decode().splitlines()]
+    assert 1 <= len(lines) <= 2 and all(line["interrupted"] for line in lines)  # two were under way, none finished
+    for line in lines:
+        assert fake.generate(prompts[line["id"]], 2000)[0].startswith(line["text"])
+    assert "Traceback" not in stderr.decode()
