@@ -72,14 +72,17 @@ async def test_faults_injected_on_the_way_to_a_served_target():
     httpd = fake.serve()
     url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     faults = Faults(rate=0.2, seed=5)
-    prompts = [PROMPTS[name] * 2 for name in sorted(PROMPTS)]
+    prompts = [PROMPTS[name] * 2 for name in ("code", "prose", "json")]
     try:
-        async with SpecClient(url, None, "fake-model", transport=FaultyTransport(faults), retries=RetryPolicy(sleep=no_sleep)) as client:
-            outcomes = await client.generate_many(prompts, max_tokens=80, concurrency=3)
+        # echo: many short rounds, so the number of requests (and faults)
+        # does not hang on how the policy times this machine.
+        async with SpecClient(url, None, "fake-model", strategy="echo", transport=FaultyTransport(faults), retries=RetryPolicy(sleep=no_sleep)) as client:
+            outcomes = await client.generate_many(prompts, max_tokens=60, concurrency=3)
     finally:
         httpd.shutdown()
-    assert [getattr(o, "text", o) for o in outcomes] == [fake.generate(p, 80)[0] for p in prompts]
-    assert faults.summary()["injected"] >= 5
+    assert [getattr(o, "text", o) for o in outcomes] == [fake.generate(p, 60)[0] for p in prompts]
+    summary = faults.summary()
+    assert summary["injected"] >= 0.1 * summary["requests"] and summary["requests"] >= 30, summary
 
 
 def rss_mb() -> float:
