@@ -12,7 +12,7 @@ from ._exceptions import (
     TargetResponseError,
 )
 from ._retry import RetryPolicy
-from ._stats import GenerationResult, GenerationStats
+from ._stats import GenerationResult, GenerationStats, Piece
 from .client import Capabilities, GenerationStream, SpecClient
 from .drafters import Drafter, NGramDrafter
 from .policy import Policy
@@ -32,6 +32,7 @@ __all__ = [
     "GenerationStats",
     "GenerationStream",
     "ModelNotFoundError",
+    "Piece",
     "NGramDrafter",
     "Plan",
     "Policy",

@@ -35,6 +35,9 @@ class GenerationStats:
     prompt_tokens_billed: int = 0
     completion_tokens_billed: int = 0
     wall_s: float = 0.0
+    # What plain decoding of this output would take on this server, from the
+    # decode rate measured in this run (None where it was not measured).
+    plain_estimate_s: float | None = None
     draft_s: float = 0.0
     verify_s: float = 0.0
     strategy_rounds: dict[str, int] = field(default_factory=dict)
@@ -58,6 +61,14 @@ class GenerationStats:
     @property
     def tokens_per_second(self) -> float:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def speedup_estimate(self) -> float | None:
+        """``plain_estimate_s / wall_s``: an estimate, not a measurement (``bspec
+        bench`` measures plain decoding in the same run)."""
+        if self.plain_estimate_s is None or self.wall_s <= 0:
+            return None
+        return self.plain_estimate_s / self.wall_s
 
     def observe_round(self, strategy: str, *, calls: int, cancelled: int, seconds: float) -> None:
         self.rounds += 1
@@ -84,9 +95,26 @@ class GenerationStats:
         data["acceptance_rate"] = round(self.acceptance_rate, 4)
         data["mean_accepted_per_round"] = round(self.mean_accepted_per_round, 3)
         data["tokens_per_second"] = round(self.tokens_per_second, 2)
+        estimate = self.speedup_estimate
+        data["speedup_estimate"] = None if estimate is None else round(estimate, 2)
+        if self.plain_estimate_s is not None:
+            data["plain_estimate_s"] = round(self.plain_estimate_s, 4)
         for key in ("wall_s", "draft_s", "verify_s"):
             data[key] = round(data[key], 4)
         return data
+
+
+class Piece(str):
+    """A piece of streamed text: a ``str``, plus whether it came in through an
+    accepted draft (``drafted``) or the target wrote it on its own.  The text
+    is the target's either way; the flag is for showing where speed came from."""
+
+    drafted: bool
+
+    def __new__(cls, text: str, drafted: bool = False) -> "Piece":
+        piece = super().__new__(cls, text)
+        piece.drafted = drafted
+        return piece
 
 
 @dataclass

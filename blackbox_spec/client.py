@@ -281,6 +281,9 @@ class SpecClient:
             async with aclosing(speculate(self.api, drafter, policy, verifiers, out, stats)) as pieces:
                 async for piece in pieces:
                     yield piece
+            costs = policy.costs
+            if 1 in costs.step or costs.stream.observed:
+                stats.plain_estimate_s = costs.single_seconds(stats.output_tokens)
         finally:
             finish = getattr(drafter, "finish", None)
             if finish is not None:

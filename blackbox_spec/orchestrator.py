@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Mapping
 
 from ._exceptions import AuthenticationError, ModelNotFoundError, TargetError, TargetHTTPError
 from ._retry import is_retryable
-from ._stats import GenerationStats
+from ._stats import GenerationStats, Piece
 from ._stopping import StopScanner
 from ._target import StreamEnd, StreamPiece, TargetAPI, Usage
 from ._tokens import Unit, align_tokens, count_tokens
@@ -49,6 +49,9 @@ class Output:
     shown: int = 0
     finish_reason: str | None = None
     scanner: StopScanner = field(init=False)
+    # Where the text came in through an accepted draft: [start, end) spans,
+    # for display only (the CLI colours them); the text is the target's either way.
+    drafted: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.scanner = StopScanner(self.stop)
@@ -65,15 +68,18 @@ class Output:
     def remaining(self) -> int:
         return self.max_tokens - self.tokens
 
-    def take(self, units: list[Unit]) -> tuple[int, bool]:
+    def take(self, units: list[Unit], drafted: int = 0) -> tuple[int, bool]:
         """Append units while the budget allows; returns (units taken, whether
-        the budget ran out inside a multi-token unit)."""
+        the budget ran out inside a multi-token unit).  The first ``drafted``
+        units came in through an accepted draft."""
         for k, unit in enumerate(units):
             if self.finish_reason:
                 return k, False
             if unit.tokens > self.remaining:
                 return k, True
             self.tokens += unit.tokens
+            if k < drafted:
+                self._mark_drafted(len(self.text), len(self.text) + len(unit.text))
             if self.scanner.feed(unit.text):
                 self.finish_reason = "stop"
             elif self.remaining == 0:
@@ -85,12 +91,37 @@ class Output:
         if not self.finish_reason and self.scanner.feed(piece):
             self.finish_reason = "stop"
 
-    def flush(self, final: bool = False) -> str:
-        """New text that is safe to show (never retracted later)."""
+    def _mark_drafted(self, start: int, end: int) -> None:
+        if self.drafted and self.drafted[-1][1] == start:
+            start = self.drafted.pop()[0]
+        self.drafted.append((start, end))
+
+    def flush(self, final: bool = False) -> list[Piece]:
+        """New text that is safe to show (never retracted later), cut where
+        it changes between drafted and written by the target."""
         end = self.scanner.safe_length(final or self.finish_reason is not None)
-        piece = self.text[self.shown : end]
-        self.shown = max(self.shown, end)
-        return piece
+        start, self.shown = self.shown, max(self.shown, end)
+        return pieces_between(self.text, self.drafted, start, end)
+
+
+def pieces_between(text: str, drafted: list[tuple[int, int]], start: int, end: int) -> list[Piece]:
+    """``text[start:end]`` as pieces, each one drafted or not.
+
+    >>> [(p, p.drafted) for p in pieces_between("abcdef", [(1, 3)], 0, 5)]
+    [('a', False), ('bc', True), ('de', False)]
+    """
+    pieces: list[Piece] = []
+    pos = start
+    for a, b in drafted:
+        if b <= pos or a >= end:
+            continue
+        if a > pos:
+            pieces.append(Piece(text[pos:a]))
+        pieces.append(Piece(text[max(a, pos) : min(b, end)], drafted=True))
+        pos = min(b, end)
+    if pos < end:
+        pieces.append(Piece(text[pos:end]))
+    return pieces
 
 
 @dataclass
@@ -181,7 +212,7 @@ async def speculate(
             continue
 
         # 4. Accept the confirmed prefix, within max_tokens and stop strings.
-        taken, split = out.take(verdict.units)
+        taken, split = out.take(verdict.units, drafted=verdict.draft_units)
         ended = verdict.eos and taken == len(verdict.units) and out.finish_reason is None
         if ended:
             out.finish_reason = "stop"
@@ -202,8 +233,7 @@ async def speculate(
         stats.trace.append([plan.strategy, len(draft), sum(u.tokens for u in accepted_draft), sum(u.tokens for u in accepted), round(verdict.seconds, 3)])
 
         # 5. Emit what can no longer be retracted.
-        piece = out.flush()
-        if piece:
+        for piece in out.flush():
             yield piece
 
         # 6. Learn: the drafter sees the new text, the policy the costs.
@@ -213,8 +243,7 @@ async def speculate(
         plain_next = verdict.plain_next
         if not verdict.units and not verdict.eos:
             plain_next = True
-    piece = out.flush(final=True)
-    if piece:
+    for piece in out.flush(final=True):
         yield piece
     stats.finish_reason = out.finish_reason
 
@@ -327,7 +356,8 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                 end_group()
             promoted = None
             for unit in units:
-                taken, split = out.take([unit])
+                # A promoted branch's backlog is text the draft let through early.
+                taken, split = out.take([unit], drafted=int(replayed))
                 if not taken:
                     break
                 new_text = main.live.consume([unit])
@@ -344,8 +374,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                         end_group()
                     if promoted is not None:
                         break
-            piece = out.flush()
-            if piece:
+            for piece in out.flush():
                 yield piece
             if out.finish_reason or split:
                 break
@@ -417,8 +446,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
         drafter.update(rest, "", 0)
         if out.finish_reason is None:
             out.finish_reason = end.finish_reason or "length"
-        piece = out.flush()
-        if piece:
+        for piece in out.flush():
             yield piece
     seconds = time.perf_counter() - started
     policy.costs.drafting.observe_elapsed(seconds)
@@ -479,8 +507,7 @@ async def decode_plainly(api: TargetAPI, out: Output, stats: GenerationStats) ->
                 end = item
                 break
             out.add_text(item.text)
-            piece = out.flush()
-            if piece:
+            for piece in out.flush():
                 yield piece
             if out.finish_reason:
                 break  # a stop string straddled what we had: stop the stream
@@ -493,8 +520,7 @@ async def decode_plainly(api: TargetAPI, out: Output, stats: GenerationStats) ->
     stats.output_tokens += end.usage.completion_tokens
     stats.prompt_tokens_billed += end.usage.prompt_tokens
     stats.completion_tokens_billed += end.usage.completion_tokens
-    piece = out.flush(final=True)
-    if piece:
+    for piece in out.flush(final=True):
         yield piece
     stats.finish_reason = out.finish_reason
 

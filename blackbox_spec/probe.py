@@ -98,6 +98,41 @@ async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, .
     return report
 
 
+def recommend(report: ProbeReport, context_tokens: int = 1000) -> tuple[str, list[str]]:
+    """What ``--strategy auto`` would lean on with this server, and why, from
+    the measured costs (the client keeps measuring and decides per draft)."""
+    if not report.logprobs:
+        return "plain", ["the server returns no logprobs, so token boundaries are unknown: every generation decodes plainly"]
+    why: list[str] = []
+    decode = report.decode_s_per_token or 1e-3
+    gain = max(((g, w) for w, g in report.fanout_gain.items() if w > 1), default=(0.0, 1))
+    branches = gain[0] >= 1.2
+    if branches:
+        why.append(f"{gain[1]} requests at once give {gain[0]:.2f}x the tokens/s of one: side branches next to the plain stream are cheap here")
+    else:
+        why.append(f"concurrent requests give at most {gain[0]:.2f}x the tokens/s of one: side branches would cost nearly as much as they save")
+    echo_pays_after = None
+    if report.echo and report.echo_s:
+        per = report.echo_s_per_context_token or 0.0
+        base = min(report.echo_s.values())
+        smallest = min(report.echo_s)
+        echo_s = base + per * max(0, context_tokens - smallest)
+        echo_pays_after = echo_s / decode
+        why.append(f"an echo round over a {context_tokens}-token context costs about {echo_s:.2f}s, as much as streaming {echo_pays_after:.0f} tokens: "
+                   f"it pays for drafts that hold longer than that")
+    elif not report.echo:
+        why.append("echo (prompt logprobs) is refused, so every draft is checked by streams")
+    if branches and echo_pays_after is not None:
+        strategy = "auto: side branches for drafts that hold, echo for long ones that have held before"
+    elif branches:
+        strategy = "auto: side branches next to the plain stream"
+    elif echo_pays_after is not None:
+        strategy = "auto: echo rounds for long drafts that hold, plain streaming otherwise"
+    else:
+        strategy = "auto: plain streaming (no verification here pays for itself)"
+    return strategy, why
+
+
 def describe(report: ProbeReport) -> list[str]:
     lines = [
         f"server {report.base_url}  model {report.model}",
@@ -112,4 +147,7 @@ def describe(report: ProbeReport) -> list[str]:
     if report.fanout_gain:
         lines.append("  fan-out gain (tokens/s vs one request): " + ", ".join(f"x{w}: {g:.2f}" for w, g in report.fanout_gain.items()))
     lines += [f"  note: {n}" for n in report.notes]
+    strategy, why = recommend(report)
+    lines.append(f"  would choose: {strategy}")
+    lines += [f"    because {reason}" for reason in why]
     return [line for line in lines if line]

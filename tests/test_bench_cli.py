@@ -42,7 +42,7 @@ def test_bench_writes_a_table_json_and_plots(url, tmp_path):
     plain_runs = [c for c in report["cells"] if c["config"] == "plain"]
     assert all(len(c["runs"]) == 2 for c in plain_runs)
     assert {t["workload"] for t in report["totals"]} == {"code-edit", "free-form", "all"}
-    for name in ("speedup.png", "acceptance.png"):
+    for name in ("speedup.png", "acceptance.png", "acceptance_by_position.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -108,5 +108,49 @@ def test_probe_reports_costs_and_capabilities(url):
     assert report["logprobs"] and report["echo"] and report["model"] == "fake-model"
     assert set(report["fanout_gain"]) == {"1", "2", "4", "8"} and report["fanout_gain"]["1"] == 1.0
     assert len(report["echo_s"]) == 3
+    assert report["would_choose"].startswith("auto") and report["because"]
     text = bspec("probe", "--base-url", url, "--repeats", "1").stdout.decode()
-    assert "echo cost" in text and "fan-out gain" in text
+    assert "echo cost" in text and "fan-out gain" in text and "would choose:" in text and "because" in text
+
+
+@pytest.mark.parametrize(
+    "fields, expected, reason",
+    [
+        ({"logprobs": False}, "plain", "no logprobs"),
+        ({"logprobs": True, "echo": False, "fanout_gain": {1: 1.0, 4: 3.1}}, "side branches", "3.10x"),
+        ({"logprobs": True, "echo": True, "echo_s": {128: 0.1, 1024: 0.5}, "echo_s_per_context_token": 0.0005, "fanout_gain": {1: 1.0, 4: 1.05}}, "echo rounds", "nearly as much"),
+    ],
+)
+def test_probe_says_why(fields, expected, reason):
+    from blackbox_spec.probe import ProbeReport, recommend
+
+    report = ProbeReport("http://x/v1", "m", decode_s_per_token=0.05, **fields)
+    strategy, why = recommend(report)
+    assert expected in strategy and any(reason in w for w in why), (strategy, why)
+
+
+def test_compare_two_saved_reports(tmp_path):
+    def report(speedups: dict[str, float]) -> dict:
+        rows = [{"prompt": p, "workload": "code-edit", "config": "ngram/auto", "speedup": v, "identical": True} for p, v in speedups.items()]
+        return {"rows": rows}
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "bench.json").write_text(json.dumps(report({"x": 1.0, "y": 2.0, "only-a": 3.0})))
+    (tmp_path / "b.json").write_text(json.dumps(report({"x": 1.5, "y": 1.0})))
+    run = bspec("bench", "--compare", str(tmp_path / "a"), str(tmp_path / "b.json"))
+    assert run.returncode == 0, run.stderr.decode()
+    out = run.stdout.decode()
+    assert "1.50x" in out and "0.50x" in out and "only-a" not in out and "median change" in out
+    missing = bspec("bench", "--compare", str(tmp_path / "a"), str(tmp_path / "nope.json"))
+    assert missing.returncode == 1 and "no bench report" in missing.stderr.decode() and "Traceback" not in missing.stderr.decode()
+
+
+def test_acceptance_by_position_from_traces():
+    from blackbox_spec.bench.report import acceptance_by_position
+    from blackbox_spec.bench.runner import Cell, Report, Run
+
+    trace = [["echo", 7, 2, 3, 0.1], ["echo", 14, 4, 5, 0.1], ["stream", 0, 0, 9, 0.2], ["branches", 7, 0, 3, 0.1]]
+    report = Report({}, ["ngram/auto"], 1, [Cell("p", "w", "ngram/auto", [Run(1.0, 10, {"trace": trace})])])
+    rates = acceptance_by_position(report, "ngram/auto", positions=5, chars_per_token=3.5)
+    # drafts of 2, 4 and 2 tokens: position 1 reached 3x, accepted 2x; position 3 reached once, accepted once
+    assert rates == [2 / 3, 2 / 3, 1.0, 1.0, None]

@@ -49,9 +49,31 @@ def write_json(report: Report, path: Path) -> None:
     path.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
 
 
+def acceptance_by_position(report: Report, config: str, positions: int = 32, chars_per_token: float = 3.5) -> list[float | None]:
+    """For draft positions 1..``positions``: the share of drafts reaching that
+    position whose token there was accepted, over every round of ``config``
+    (echo rounds and side-branch groups; the drafted length in tokens is
+    estimated from its characters).  None where no draft reached."""
+    reached = [0] * positions
+    accepted = [0] * positions
+    for cell in report.cells:
+        if cell.config != config:
+            continue
+        for run in cell.runs:
+            for entry in run.stats.get("trace", []):
+                kind, drafted_chars, accepted_tokens = entry[0], entry[1], entry[2]
+                if kind == "stream" or not drafted_chars:
+                    continue
+                drafted = max(1, round(drafted_chars / chars_per_token))
+                for k in range(min(drafted, positions)):
+                    reached[k] += 1
+                    accepted[k] += accepted_tokens > k
+    return [a / r if r else None for a, r in zip(accepted, reached)]
+
+
 def write_plots(report: Report, folder: Path) -> list[Path]:
-    """``speedup.png`` (per prompt, grouped by workload) and
-    ``acceptance.png`` (target tokens gained per round)."""
+    """``speedup.png`` (per prompt, grouped by workload), ``acceptance.png``
+    (target tokens gained per round) and ``acceptance_by_position.png``."""
     try:
         import matplotlib
 
@@ -86,4 +108,64 @@ def write_plots(report: Report, folder: Path) -> list[Path]:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for config in configs:
+        rates = acceptance_by_position(report, config)
+        points = [(k + 1, r) for k, r in enumerate(rates) if r is not None]
+        if points:
+            ax.plot([k for k, _ in points], [r for _, r in points], marker="o", markersize=3, label=config)
+    ax.set_xlabel("draft position (target tokens; drafted length estimated from characters)")
+    ax.set_ylabel("share accepted, of drafts reaching it")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"acceptance per draft position: {report.server.get('name', '')} {report.server.get('model', '')}")
+    ax.legend()
+    fig.tight_layout()
+    path = folder / "acceptance_by_position.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
     return written
+
+
+def load_report(path: Path) -> dict:
+    """A saved ``bench.json`` (a folder holding one will do), or a one-line error."""
+    path = path / "bench.json" if path.is_dir() else path
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigurationError(f"no bench report at {path}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(f"cannot read bench report {path}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise ConfigurationError(f"{path} is not a bench report (no rows)")
+    return data
+
+
+def compare_reports(before: dict, after: dict, console: Console | None = None, names: tuple[str, str] = ("A", "B")) -> list[dict]:
+    """Speedups of the prompts and configurations both reports ran, side by
+    side; prints a table and returns its rows."""
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    index = {(r["prompt"], r["config"]): r for r in before["rows"]}
+    rows = []
+    for r in after["rows"]:
+        old = index.get((r["prompt"], r["config"]))
+        if old is None:
+            continue
+        rows.append({"prompt": r["prompt"], "workload": r["workload"], "config": r["config"],
+                     "before": old["speedup"], "after": r["speedup"], "change": round(r["speedup"] / old["speedup"], 3) if old["speedup"] else None,
+                     "identical": bool(old["identical"] and r["identical"])})
+    if not rows:
+        raise ConfigurationError("the two reports share no prompt and configuration to compare")
+    a, b = names
+    table = Table(title=f"bspec bench --compare: speedup over plain (each against plain in its own run)\nbefore: {a}\nafter: {b}")
+    for column in ("prompt", "workload", "config", "before", "after", "change", "same text"):
+        table.add_column(column, justify="left" if column in ("prompt", "workload", "config") else "right")
+    for row in rows:
+        change = "" if row["change"] is None else f"{row['change']:.2f}x"
+        table.add_row(row["prompt"], row["workload"], row["config"], f"{row['before']:.2f}x", f"{row['after']:.2f}x", change, "yes" if row["identical"] else "NO")
+    import statistics
+
+    ratios = [row["change"] for row in rows if row["change"]]
+    table.caption = f"{len(rows)} rows; median change {statistics.median(ratios):.2f}x" if ratios else f"{len(rows)} rows"
+    console.print(table)
+    return rows
