@@ -38,6 +38,8 @@ examples:
   bspec run prompt.txt --strategy fanout --json  # force one verification strategy
   cat prompt.txt | bspec run -                   # prompt from standard input
   bspec run a.txt b.txt prompts.jsonl --concurrency 16 > results.jsonl   # a batch: one JSON line each
+  bspec run prompt.txt > out.txt                 # text to the file, a live status line on the terminal
+  bspec run prompt.txt --color never             # no colour (also: NO_COLOR=1); green = from accepted drafts
   bspec run prompt.txt --local --target-model qwen-1.5b/ --draft-model qwen-0.5b/ --temperature 0.7 --seed 1
 
 The output is exactly what a plain temperature-0 call to the same server
