@@ -2,7 +2,7 @@
 sees a terminal: colour on, tables at the terminal's width), keep what it
 printed, colours included, and draw that as a PNG.
 
-    python docs/screenshot.py docs/bspec-run.png -- bspec run examples/prompts/edit.txt --base-url URL
+    python docs/screenshot.py docs/bspec-run.png [--columns 110] -- bspec run examples/prompts/edit.txt --base-url URL
 
 Needs Pillow and matplotlib's DejaVu Sans Mono (both come with the ``bench``
 extra).  The terminal emulation is small on purpose: SGR colours (16, 256
@@ -156,11 +156,12 @@ def main() -> int:
     parser.add_argument("png", type=Path)
     parser.add_argument("--columns", type=int, default=110)
     parser.add_argument("--title", help="shown in the window bar (default: the command)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
-    args = parser.parse_args()
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
+    argv = sys.argv[1:]
+    if "--" not in argv:
         parser.error("no command given (put it after --)")
+    cut = argv.index("--")
+    args = parser.parse_args(argv[:cut])
+    command = argv[cut + 1 :]
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"} | {"TERM": "xterm-256color", "COLUMNS": str(args.columns)}
     text = capture(command, args.columns, env)
     (args.png.with_suffix(".txt")).write_text(SGR.sub("", text))  # the same output as text, for diffs and search
