@@ -26,10 +26,10 @@ def use_color(choice: str, stream: TextIO) -> bool:
         return True
     if choice == "never":
         return False
-    return not os.environ.get("NO_COLOR") and _isatty(stream)
+    return not os.environ.get("NO_COLOR") and isatty(stream)
 
 
-def _isatty(stream: TextIO) -> bool:
+def isatty(stream: TextIO) -> bool:
     try:
         return stream.isatty()
     except (AttributeError, ValueError):

@@ -145,7 +145,6 @@ class TargetAPI:
         # One limit on requests in flight for everything this client runs
         # (generations at once, their branches and fan-outs); a retry waits
         # for its backoff without holding a slot.
-        self.max_in_flight = max_in_flight
         self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
         self.in_flight = 0
         self.peak_in_flight = 0

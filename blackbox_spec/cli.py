@@ -21,7 +21,7 @@ from typing import Callable, NoReturn, Sequence
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetResponseError, redact
 from ._retry import RetryPolicy
 from ._stats import GenerationResult, GenerationStats
-from ._render import LEGEND, Renderer, _isatty, use_color
+from ._render import LEGEND, Renderer, isatty, use_color
 from .client import SpecClient
 from .drafters import DRAFTERS
 
@@ -409,7 +409,7 @@ def _renderer(args: argparse.Namespace) -> Renderer:
     """Colour for a terminal (``--color``, ``NO_COLOR``); a live status line
     on stderr when the text goes elsewhere (a file, a pipe, ``--json``)."""
     color = not args.json and use_color("never" if args.no_color else args.color, sys.stdout)
-    progress = args.progress or (not args.quiet and _isatty(sys.stderr) and (args.json or not _isatty(sys.stdout)))
+    progress = args.progress or (not args.quiet and isatty(sys.stderr) and (args.json or not isatty(sys.stdout)))
     return Renderer(color=color, progress=progress, show_text=not args.json)
 
 

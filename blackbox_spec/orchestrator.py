@@ -137,24 +137,27 @@ class Recovery:
     progress starts no row, so a long text survives a flaky connection.
     """
 
+    out: Output
+    policy: Policy
+    stats: GenerationStats
     fallback_after: int = 2
     give_up_after: int = 3
     in_a_row: int = 0
     tokens_at_last: int = -1
 
-    def survive(self, exc: TargetError, *, speculative: bool, out: Output, policy: Policy, stats: GenerationStats) -> None:
+    def survive(self, exc: TargetError, *, speculative: bool) -> None:
         """Account for ``exc``; re-raise it when it can't be survived."""
         if not _recoverable(exc, speculative):
             raise exc
-        stats.failed_rounds += 1
-        self.in_a_row = self.in_a_row + 1 if out.tokens == self.tokens_at_last else 1
-        self.tokens_at_last = out.tokens
+        self.stats.failed_rounds += 1
+        self.in_a_row = self.in_a_row + 1 if self.out.tokens == self.tokens_at_last else 1
+        self.tokens_at_last = self.out.tokens
         if self.in_a_row >= self.give_up_after:
             raise exc
-        if self.in_a_row >= self.fallback_after and stats.fallback is None:
-            policy.stop_speculating()
-            stats.fallback = f"decoding plainly after {self.in_a_row} failed rounds in a row; last: {exc}"
-            stats.note(stats.fallback)
+        if self.in_a_row >= self.fallback_after and self.stats.fallback is None:
+            self.policy.stop_speculating()
+            self.stats.fallback = f"decoding plainly after {self.in_a_row} failed rounds in a row; last: {exc}"
+            self.stats.note(self.stats.fallback)
 
 
 def _recoverable(exc: TargetError, speculative: bool) -> bool:
@@ -179,7 +182,7 @@ async def speculate(
     """Generate ``out``'s continuation speculatively; yields text as it is accepted."""
     drafter.start(out.prompt)
     plain_next = False
-    recovery = Recovery()
+    recovery = Recovery(out, policy, stats)
     while out.finish_reason is None:
         # 1. Draft locally (while drafting pays for itself: ``DraftBudget``).
         draft = (_propose(drafter, policy, stats) or "") if policy.speculating else ""
@@ -196,7 +199,7 @@ async def speculate(
                     async for piece in pieces:
                         yield piece
             except TargetError as exc:
-                recovery.survive(exc, speculative=False, out=out, policy=policy, stats=stats)
+                recovery.survive(exc, speculative=False)
             continue
         draft = draft[: plan.draft_chars]
 
@@ -208,7 +211,7 @@ async def speculate(
                 policy.drop("echo")  # refused mid-run: fall back, lose nothing
                 stats.note(f"echo verification refused by the server ({exc}); continuing without it")
             else:
-                recovery.survive(exc, speculative=True, out=out, policy=policy, stats=stats)
+                recovery.survive(exc, speculative=True)
             continue
 
         # 4. Accept the confirmed prefix, within max_tokens and stop strings.

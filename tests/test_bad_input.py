@@ -14,7 +14,7 @@ import respx
 from blackbox_spec import BlackboxSpecError, ConfigurationError, SpecClient
 from blackbox_spec._retry import RetryPolicy
 from blackbox_spec.testing import FakeModel, FakeTarget
-from blackbox_spec.testing.faults import _CutOff
+from blackbox_spec.testing.faults import cut_off
 
 from .conftest import API_KEY, BASE_URL, PROMPTS, client_for, no_sleep
 from .test_cli import bspec, one_line_error, write
@@ -90,7 +90,7 @@ async def test_garbled_answers_are_library_errors_with_the_text_kept(fake, garba
             response = fake.handle(request)
             if calls["n"] == GOOD_START and response.headers["content-type"] == "text/event-stream":
                 # The first generation call: its text breaks off part-way.
-                return httpx.Response(200, stream=_CutOff(response.content, len(response.content) // 2), headers=response.headers)
+                return cut_off(response)
             return response
         ctype = "text/event-stream" if stream_like else "application/json"
         return httpx.Response(200, content=garbage, headers={"content-type": ctype})

@@ -22,6 +22,7 @@ from blackbox_spec import (
     TargetResponseError,
 )
 from blackbox_spec.testing import FakeTarget
+from blackbox_spec.testing.faults import cut_off
 
 from .conftest import API_KEY, BASE_URL, PROMPTS, client_for
 
@@ -188,17 +189,6 @@ async def test_empty_prompt_and_bad_options():
         SpecClient("ftp://x", API_KEY, "m")
 
 
-class _DiesMidStream(httpx.AsyncByteStream):
-    """A response body that breaks off after some bytes, as a dropped connection does."""
-
-    def __init__(self, body: bytes, keep: int) -> None:
-        self.body, self.keep = body, keep
-
-    async def __aiter__(self):
-        yield self.body[: self.keep]
-        raise httpx.ReadError("connection reset by peer")
-
-
 async def test_failure_mid_generation_keeps_the_partial_text(fake):
     prompt = PROMPTS["code"] * 2
     original = fake.handle
@@ -209,7 +199,7 @@ async def test_failure_mid_generation_keeps_the_partial_text(fake):
         response = original(request)
         if response.headers.get("content-type") == "text/event-stream":
             # Every stream breaks off part-way: the main one too.
-            return httpx.Response(200, stream=_DiesMidStream(response.content, len(response.content) // 3), headers=response.headers)
+            return cut_off(response, 1 / 3)
         if count["n"] > 5:
             return httpx.Response(500, json={"error": {"message": "the GPU caught fire"}})
         return response

@@ -17,6 +17,7 @@ import respx
 from blackbox_spec import TargetHTTPError
 from blackbox_spec._retry import RetryPolicy
 from blackbox_spec.testing import FakeTarget
+from blackbox_spec.testing.faults import cut_off
 from blackbox_spec.verifiers import FanoutVerifier
 from blackbox_spec._target import TargetAPI
 from blackbox_spec.verifiers.base import Plan
@@ -25,17 +26,6 @@ from blackbox_spec.verifiers.fanout import likely_boundaries
 from .conftest import BASE_URL, PROMPTS, client_for, no_sleep
 
 ONCE = RetryPolicy(attempts=1, sleep=no_sleep)  # every fault reaches the orchestrator
-
-
-class _BreaksOff(httpx.AsyncByteStream):
-    """A body that stops part-way with a reset, as a dropped connection does."""
-
-    def __init__(self, body: bytes, keep: int) -> None:
-        self.body, self.keep = body, keep
-
-    async def __aiter__(self):
-        yield self.body[: self.keep]
-        raise httpx.ReadError("connection reset by peer")
 
 
 def is_stream(request: httpx.Request) -> bool:
@@ -59,7 +49,7 @@ async def test_streams_that_break_part_way_resume_exactly(fake):
     def breaks(request: httpx.Request) -> httpx.Response:
         response = fake.handle(request)
         if is_stream(request) and json.loads(request.content)["max_tokens"] > 20:
-            return httpx.Response(200, stream=_BreaksOff(response.content, len(response.content) // 3), headers=response.headers)
+            return cut_off(response, 1 / 3)
         return response
 
     with respx.mock(base_url=BASE_URL) as router:
@@ -129,7 +119,7 @@ async def test_a_server_that_goes_down_keeps_the_partial_text(fake):
             return httpx.Response(503, json={"error": {"message": "the GPU caught fire"}})
         response = fake.handle(request)
         if is_stream(request):
-            return httpx.Response(200, stream=_BreaksOff(response.content, len(response.content) // 2), headers=response.headers)
+            return cut_off(response)
         return response
 
     with respx.mock(base_url=BASE_URL) as router:

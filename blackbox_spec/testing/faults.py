@@ -73,6 +73,11 @@ class _CutOff(httpx.AsyncByteStream):
         raise httpx.ReadError("connection reset by peer (injected)")
 
 
+def cut_off(response: httpx.Response, share: float = 0.5) -> httpx.Response:
+    """``response`` (read in full) again, but its body reset after ``share`` of it."""
+    return httpx.Response(response.status_code, stream=_CutOff(response.content, int(len(response.content) * share)), headers=response.headers)
+
+
 class _CutAfter(httpx.AsyncByteStream):
     """A live body cut off with a reset after ``chunks`` of its chunks."""
 
@@ -124,7 +129,7 @@ def faulty_handler(handle: Callable[[httpx.Request], httpx.Response], faults: Fa
         response = handle(request)
         if kind == "reset":
             if _is_stream(response):
-                return httpx.Response(200, stream=_CutOff(response.content, len(response.content) // 2), headers={"content-type": "text/event-stream"})
+                return cut_off(response)
             raise httpx.ReadError("connection reset by peer (injected)", request=request)
         return response
 
