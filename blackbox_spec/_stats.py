@@ -45,6 +45,10 @@ class GenerationStats:
     # The generation was cancelled (a cancelled task, Ctrl-C) before its end;
     # its text is what the target had confirmed by then.
     interrupted: bool = False
+    # Predicted Outputs: what the server reported using of the prediction
+    # (None when no prediction was sent or the server said nothing).
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
     notes: list[str] = field(default_factory=list)
     # One entry per round: [strategy, drafted chars, accepted draft tokens,
     # tokens gained, seconds]; what the policy saw, for benchmarks and plots.
@@ -85,6 +89,13 @@ class GenerationStats:
         self.output_tokens += output_tokens
         self.prompt_tokens_billed += usage.prompt_tokens
         self.completion_tokens_billed += usage.completion_tokens
+
+    def observe_predictions(self, usages: list) -> None:
+        """Sum Predicted Outputs' counts over the calls that reported them."""
+        for name in ("accepted_prediction_tokens", "rejected_prediction_tokens"):
+            counts = [getattr(u, name) for u in usages if getattr(u, name) is not None]
+            if counts:
+                setattr(self, name, sum(counts))
 
     def note(self, message: str) -> None:
         if message not in self.notes:

@@ -1,4 +1,4 @@
-"""The target server, seen through ``/v1/completions``.
+"""The target server, seen through ``/v1/completions`` and ``/v1/chat/completions``.
 
 This is the only module that speaks HTTP.  The httpx client is injectable
 (``http_client=`` or ``transport=``), so tests run the whole library against
@@ -40,6 +40,9 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Predicted Outputs (``usage.completion_tokens_details``), when reported.
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
 
 
 @dataclass
@@ -59,6 +62,8 @@ class Completion:
     units: list[Unit] | None = None
     prompt_units: list[Unit] | None = None
     echoed: bool = False
+    # Chat only: vLLM's ``prompt_logprobs`` as sent (see ``chat``).
+    prompt_logprobs: list | None = None
 
     @property
     def eos(self) -> bool:
@@ -257,20 +262,51 @@ class TargetAPI:
         data = self._json(response)
         return self._parse(data, prompt if echo else None, time.perf_counter() - started)
 
-    def _parse(self, data: dict[str, Any], echoed_prompt: str | None, elapsed: float) -> Completion:
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_tokens: int,
+        logprobs: bool = False,
+        stop: list[str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Completion:
+        """One temperature-0 chat completion; ``text`` is the message's content.
+        ``extra`` carries server-specific fields (``continue_final_message``,
+        ``prompt_logprobs``, ``prediction``)."""
+        body = self._chat_body(messages, max_tokens, logprobs, stop, extra)
+        started = time.perf_counter()
+        response = await self._post("/chat/completions", body)
+        data = self._json(response)
+        return self._parse(data, None, time.perf_counter() - started, chat=True)
+
+    def _chat_body(self, messages: list[dict[str, Any]], max_tokens: int, logprobs: bool, stop: list[str] | None, extra: dict[str, Any] | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+        if logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = 1
+        if stop:
+            body["stop"] = stop
+        body.update(extra or {})
+        return body
+
+    def _parse(self, data: dict[str, Any], echoed_prompt: str | None, elapsed: float, *, chat: bool = False) -> Completion:
         try:
             choice = data["choices"][0]
-            full = choice["text"]
+            full = (choice["message"].get("content") or "") if chat else choice["text"]
             if not isinstance(full, str):
                 raise TypeError("text is not a string")
             usage = _usage(data.get("usage")) or Usage()
             finish = choice.get("finish_reason")
             tokens, lps, tops = _logprob_lists(choice.get("logprobs"))
+            prompt_logprobs = data.get("prompt_logprobs") if chat else None
+            if prompt_logprobs is not None and not isinstance(prompt_logprobs, list):
+                raise TypeError("prompt_logprobs is not a list")
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise TargetResponseError(self._fail(f"malformed completion from {self.base_url}: {type(exc).__name__}: {exc}")) from None
         echoed = echoed_prompt is not None and full.startswith(echoed_prompt)
         text = full[len(echoed_prompt):] if echoed else full
-        completion = Completion(text, finish, usage, elapsed, echoed=echoed)
+        completion = Completion(text, finish, usage, elapsed, echoed=echoed, prompt_logprobs=prompt_logprobs)
         if tokens is None:
             return completion
         if echoed:
@@ -279,7 +315,7 @@ class TargetAPI:
             completion.units = _align_generated(text, tokens, lps, tops)
         return completion
 
-    async def _open_stream(self, body: dict[str, Any]) -> tuple[contextlib.AsyncExitStack, httpx.Response]:
+    async def _open_stream(self, path: str, body: dict[str, Any]) -> tuple[contextlib.AsyncExitStack, httpx.Response]:
         """The response of a streaming request, once its status is known,
         retried like other calls.  Only the opening is retried: after the
         first chunk the caller owns what was received."""
@@ -289,7 +325,7 @@ class TargetAPI:
                 opened = contextlib.AsyncExitStack()
                 try:
                     await opened.enter_async_context(self._slot())
-                    response = await opened.enter_async_context(self._client.stream("POST", self._url + "/completions", json=body, headers=self._headers))
+                    response = await opened.enter_async_context(self._client.stream("POST", self._url + path, json=body, headers=self._headers))
                     if response.status_code >= 400:
                         await response.aread()
                         raise self._http_error(response)
@@ -301,7 +337,7 @@ class TargetAPI:
                 return opened, response
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
-    async def stream(
+    def stream(
         self, prompt: str, *, max_tokens: int, stop: list[str] | None = None, logprobs: int | None = None
     ) -> AsyncIterator[StreamPiece | StreamEnd]:
         """Plain streaming completion: yields :class:`StreamPiece` s, then a
@@ -315,8 +351,20 @@ class TargetAPI:
             body["stop"] = stop
         if logprobs is not None:
             body["logprobs"] = logprobs
+        return self._stream("/completions", body, logprobs is not None)
+
+    def chat_stream(
+        self, messages: list[dict[str, Any]], *, max_tokens: int, stop: list[str] | None = None,
+        logprobs: bool = False, extra: dict[str, Any] | None = None,
+    ) -> AsyncIterator[StreamPiece | StreamEnd]:
+        """As :meth:`stream`, over ``/chat/completions`` (the deltas' content)."""
+        body = self._chat_body(messages, max_tokens, logprobs, stop, extra)
+        body.update(stream=True, stream_options={"include_usage": True})
+        return self._stream("/chat/completions", body, logprobs)
+
+    async def _stream(self, path: str, body: dict[str, Any], with_tokens: bool) -> AsyncIterator[StreamPiece | StreamEnd]:
         end = StreamEnd(None)
-        opened, response = await self._open_stream(body)
+        opened, response = await self._open_stream(path, body)
         try:
             async with opened:
                 seen_data = complete = False
@@ -329,7 +377,7 @@ class TargetAPI:
                         complete = True
                         break
                     try:
-                        pieces, finish, usage = _parse_chunk(json.loads(payload), logprobs is not None)
+                        pieces, finish, usage = _parse_chunk(json.loads(payload), with_tokens)
                     except (ValueError, TypeError, AttributeError, KeyError) as exc:
                         raise TargetResponseError(self._fail(f"malformed stream chunk from {self.base_url}: {type(exc).__name__}")) from None
                     if usage is not None:
@@ -358,7 +406,13 @@ def _usage(raw: Any) -> Usage | None:
     """The ``usage`` object, if there is one (a wrong type raises TypeError or ValueError)."""
     if not raw:
         return None
-    return Usage(int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0))
+    usage = Usage(int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0))
+    details = raw.get("completion_tokens_details")
+    if isinstance(details, dict):
+        for name in ("accepted_prediction_tokens", "rejected_prediction_tokens"):
+            if details.get(name) is not None:
+                setattr(usage, name, int(details[name]))
+    return usage
 
 
 def _parse_chunk(chunk: Any, with_tokens: bool) -> tuple[list[StreamPiece], str | None, Usage | None]:
@@ -367,7 +421,8 @@ def _parse_chunk(chunk: Any, with_tokens: bool) -> tuple[list[StreamPiece], str 
     pieces: list[StreamPiece] = []
     finish = None
     for choice in chunk.get("choices") or []:
-        text = choice.get("text") or ""
+        delta = choice.get("delta")
+        text = (delta.get("content") if isinstance(delta, dict) else choice.get("text")) or ""
         if not isinstance(text, str):
             raise TypeError("text is not a string")
         tokens = _logprob_lists(choice.get("logprobs"))[0] if with_tokens else None

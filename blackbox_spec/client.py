@@ -23,6 +23,7 @@ from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, Tar
 from ._stats import GenerationResult, GenerationStats
 from ._retry import RetryPolicy
 from ._target import TargetAPI, resolve_settings
+from .chat import ChatSupport, ChatTurn, check_messages, probe_chat
 from .drafters import Drafter, DrafterFactory, SessionIndex, drafter_factory
 from .orchestrator import Output, decode_plainly, speculate
 from .policy import Policy, ServerCosts
@@ -93,6 +94,8 @@ class SpecClient:
         self._probing = asyncio.Lock()  # generations started together probe once
         self.capabilities: Capabilities | None = None
         self.costs: ServerCosts | None = None  # measured server costs, kept across generations
+        self.chat_support: ChatSupport | None = None  # the same, for /chat/completions
+        self.chat_costs: ServerCosts | None = None
 
     def __repr__(self) -> str:
         return f"SpecClient(base_url={self.api.base_url!r}, model={self.api.model!r}, strategy={self.strategy!r})"
@@ -144,6 +147,15 @@ class SpecClient:
             if self.capabilities is None:
                 self.capabilities = await self._probe()
         return self.capabilities
+
+    async def probe_chat(self) -> ChatSupport:
+        """Learn once how the chat endpoint can be verified (see :mod:`.chat`)."""
+        await self.ensure_model()
+        async with self._probing:
+            if self.chat_support is None:
+                self.chat_support = await probe_chat(self.api)
+                self.chat_costs = ServerCosts(self.chat_support.round_trip_s)
+        return self.chat_support
 
     async def _probe(self) -> Capabilities:
         try:
@@ -224,16 +236,45 @@ class SpecClient:
         with ``stats.interrupted`` set."""
         stops = _check_arguments(prompt, max_tokens, stop)
         result = GenerationResult("", GenerationStats())
-        return GenerationStream(self._run(prompt, max_tokens, stops, result), result)
+        out = Output(prompt, max_tokens, stops)
+        return GenerationStream(self._run(out, self._pieces(out, result.stats), result), result)
 
-    async def _run(self, prompt: str, max_tokens: int, stop: list[str] | None, result: GenerationResult) -> AsyncIterator[str]:
+    async def chat(
+        self, messages: list[dict], *, max_tokens: int = 256, stop: str | Sequence[str] | None = None, prediction: str | None = None,
+    ) -> GenerationResult:
+        """The assistant's reply to ``messages`` over ``/chat/completions``;
+        exactly what a plain temperature-0 chat call to the same server
+        returns.  A conversation that ends with an assistant message has
+        that message continued.  ``prediction``: send this text as OpenAI's
+        Predicted Outputs ``prediction`` instead of speculating here (for
+        APIs that offer it; ``stats.accepted_prediction_tokens`` reports how
+        much of it the server used)."""
+        stream = self.stream_chat(messages, max_tokens=max_tokens, stop=stop, prediction=prediction)
+        async for _ in stream:
+            pass
+        return stream.result
+
+    def stream_chat(
+        self, messages: list[dict], *, max_tokens: int = 256, stop: str | Sequence[str] | None = None, prediction: str | None = None,
+    ) -> GenerationStream:
+        """Like :meth:`chat`, yielding text as soon as the target confirms it."""
+        messages = check_messages(messages)
+        stops = _check_arguments("chat", max_tokens, stop)
+        if prediction is not None and not isinstance(prediction, str):
+            raise ConfigurationError(f"prediction must be a string, not {type(prediction).__name__}")
+        extra = {"prediction": {"type": "content", "content": prediction}} if prediction is not None else None
+        turn = ChatTurn(self.api, messages, extra=extra)
+        result = GenerationResult("", GenerationStats())
+        out = Output(turn.prompt, max_tokens, stops)
+        return GenerationStream(self._run(out, self._chat_pieces(turn, out, result.stats, prediction is not None), result), result)
+
+    async def _run(self, out: Output, source: AsyncIterator[str], result: GenerationResult) -> AsyncIterator[str]:
         stats = result.stats
-        out = Output(prompt, max_tokens, stop)
         started, retried = time.perf_counter(), self.api.retried
         try:
             await self.ensure_model()
             # aclosing: an early close reaches the innermost stream at once.
-            async with aclosing(self._pieces(out, stats)) as pieces:
+            async with aclosing(source) as pieces:
                 async for piece in pieces:
                     result.text += piece
                     yield piece
@@ -257,6 +298,7 @@ class SpecClient:
                 async for piece in pieces:
                     yield piece
             return
+        await self.ensure_model()
         caps = await self.probe()
         available = (["echo"] if caps.echo else []) + (["fanout"] if caps.logprobs else [])
         forced = None if self.strategy == "auto" else self.strategy
@@ -272,19 +314,57 @@ class SpecClient:
                 async for piece in pieces:
                     yield piece
             return
+        async with aclosing(self._speculate(self.api, available, self.costs, forced, out, stats)) as pieces:
+            async for piece in pieces:
+                yield piece
+
+    async def _chat_pieces(self, turn: ChatTurn, out: Output, stats: GenerationStats, predicted: bool) -> AsyncIterator[str]:
+        reason = unsupported = None
+        if predicted:
+            reason = "a prediction was given: the server speculates on it (Predicted Outputs), so the turn is decoded plainly here"
+        elif self._new_drafter is None or self.strategy == "plain":
+            reason = "plain decoding was asked for"
+        else:
+            await self.ensure_model()
+            turn.support = await self.probe_chat()
+            unsupported = turn.support.reason
+            reason = unsupported and f"{unsupported}: decoding the chat turn plainly"
+        if self.strategy not in ("auto", "plain") and turn.support is not None and not turn.support.speculative:
+            raise ConfigurationError(f"strategy {self.strategy!r} is not available on {self.api.base_url}'s chat endpoint: {turn.support.reason}")
+        if reason is None:
+            available = (["echo"] if turn.support.prompt_logprobs else []) + ["fanout"]  # type: ignore[union-attr]
+            forced = None if self.strategy == "auto" else self.strategy
+            if forced and forced not in available:
+                raise ConfigurationError(f"strategy {forced!r} is not available on {self.api.base_url}'s chat endpoint (no prompt_logprobs); use --strategy auto")
+            source = self._speculate(turn, available, self.chat_costs, forced, out, stats)
+        else:
+            stats.note(reason)
+            if unsupported:
+                stats.fallback = "plain chat"
+            source = decode_plainly(turn, out, stats)
+        try:
+            async with aclosing(source) as pieces:
+                async for piece in pieces:
+                    yield piece
+        finally:
+            stats.observe_predictions(turn.usage_seen)
+
+    async def _speculate(self, target, available: list[str], costs, forced: str | None, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
+        """Speculative decoding against ``target`` (the completions API or a chat turn)."""
         await self.load_drafter()
         drafter = self._new_drafter()
-        policy = Policy(available, self.costs, forced=forced, fanout_width=self.fanout_width, max_draft_chars=self.max_draft_chars)
+        policy = Policy(available, costs, forced=forced, fanout_width=self.fanout_width, max_draft_chars=self.max_draft_chars)
         policy.context_tokens = len(out.prompt) / policy.chars_per_token
-        verifiers = {"echo": EchoVerifier(self.api), "fanout": FanoutVerifier(self.api)}
+        verifiers = {"echo": EchoVerifier(target), "fanout": FanoutVerifier(target)}
         try:
-            async with aclosing(speculate(self.api, drafter, policy, verifiers, out, stats)) as pieces:
+            async with aclosing(speculate(target, drafter, policy, verifiers, out, stats)) as pieces:
                 async for piece in pieces:
                     yield piece
             costs = policy.costs
             if 1 in costs.step or costs.stream.observed:
                 stats.plain_estimate_s = costs.single_seconds(stats.output_tokens)
         finally:
+            policy.remember()
             finish = getattr(drafter, "finish", None)
             if finish is not None:
                 finish()  # the suffix drafter remembers this output for the session

@@ -23,6 +23,11 @@ PROMPTS = {
 }
 
 
+def chat_of(prompt: str, system: str | None = None) -> list[dict]:
+    """A conversation asking for ``prompt`` (the fake copies from it)."""
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+
+
 @pytest.fixture
 def fake() -> FakeTarget:
     return FakeTarget()
@@ -30,6 +35,7 @@ def fake() -> FakeTarget:
 
 def mount(fake: FakeTarget, router: respx.MockRouter) -> None:
     router.post("/completions").mock(side_effect=fake.handle)
+    router.post("/chat/completions").mock(side_effect=fake.handle)
     router.get("/models").mock(side_effect=fake.handle)
 
 

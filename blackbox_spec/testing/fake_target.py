@@ -299,6 +299,16 @@ class FakeTarget:
     # Error messages repeat the Authorization header, as some proxies do
     # (for tests that the client never shows the key).
     leaky_errors: bool = False
+    # The chat endpoint.  ``chat_prefill`` is how a final assistant message
+    # is treated: "vllm" continues it when asked (``continue_final_message``
+    # and ``add_generation_prompt=false``), "llama" always continues it
+    # (assistant prefill, unknown fields ignored), "none" closes it and starts
+    # a new turn (as OpenAI does).  ``chat_trims``: the template strips each
+    # message's content (as ``| trim`` in Gemma's).  ``strict_fields``:
+    # unknown request fields are a 400, as OpenAI's API answers them.
+    chat_prefill: str = "vllm"
+    chat_trims: bool = False
+    strict_fields: bool = False
     model: FakeModel = field(default_factory=FakeModel)
     requests: list[dict[str, Any]] = field(default_factory=list)
 
@@ -374,17 +384,145 @@ class FakeTarget:
             return self._error(401, "Invalid API key.", "AuthenticationError")
         if method == "GET" and path.endswith("/models"):
             return 200, {"object": "list", "data": [{"id": self.model_name, "object": "model"}]}, None
-        if method != "POST" or not path.endswith("/completions") or path.endswith("/chat/completions"):
+        if method == "POST" and path.endswith("/tokenize") and not path.startswith("/v1"):
+            return self._tokenize(content)  # vLLM's, at the server's root
+        if method != "POST" or not path.endswith("/completions"):
             return self._error(404, f"Not Found: {path}", "NotFoundError")
         try:
             body = json.loads(content or b"{}")
         except ValueError:
             return self._error(400, "Invalid JSON body.", "BadRequestError")
+        if not isinstance(body, dict):
+            return self._error(400, "The body must be a JSON object.", "BadRequestError")
         if body.get("model") != self.model_name:
             return self._error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        if path.endswith("/chat/completions"):
+            return self._chat(body)
         if body.get("echo") and self.echo == "refuse":
             return self._error(400, "echo is not supported for this model", "BadRequestError")
         return self._complete(body)
+
+    def _tokenize(self, content: bytes) -> tuple[int, dict, None]:
+        body = json.loads(content or b"{}")
+        if "messages" in body:
+            text = self.render_chat(body["messages"], add_generation_prompt=body.get("add_generation_prompt", True))
+        else:
+            text = body.get("prompt", "")
+        ids = self.tokenizer.encode(text)
+        return 200, {"count": len(ids), "max_model_len": self.context_window or 32768, "tokens": ids}, None
+
+    # -- chat -----------------------------------------------------------------
+
+    _VLLM_FIELDS = ("continue_final_message", "add_generation_prompt", "prompt_logprobs", "echo")
+
+    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, continue_final: bool = False) -> str:
+        """The fake's chat template; a continued final message is left open.
+        (Plain words, not ``<|im_start|>``-like markers: the fake's induction
+        head would copy those into its answers.)"""
+        parts = []
+        for i, message in enumerate(messages):
+            content = message.get("content") or ""
+            if self.chat_trims:
+                content = content.strip()
+            if continue_final and i == len(messages) - 1:
+                parts.append(f"{message['role'].title()}:\n{content}")
+                return "".join(parts)
+            parts.append(f"{message['role'].title()}:\n{content}\n\n")
+        if add_generation_prompt:
+            parts.append("Assistant:\n")
+        return "".join(parts)
+
+    def _chat(self, body: dict) -> tuple[int, dict, list | None]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str) for m in messages
+        ):
+            return self._error(400, "messages must be a non-empty list of {role, content} objects", "BadRequestError")
+        if self.strict_fields:
+            unknown = [k for k in self._VLLM_FIELDS if k in body]
+            if unknown:
+                return self._error(400, f"Unrecognized request argument supplied: {unknown[0]}", "BadRequestError")
+        final_is_assistant = messages[-1]["role"] == "assistant"
+        if self.chat_prefill == "vllm":
+            continue_final = bool(body.get("continue_final_message"))
+            add_generation_prompt = body.get("add_generation_prompt", True)
+            if continue_final and add_generation_prompt:
+                return self._error(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.", "BadRequestError")
+        elif self.chat_prefill == "llama":
+            continue_final, add_generation_prompt = final_is_assistant, not final_is_assistant
+        else:
+            continue_final, add_generation_prompt = False, True
+        prompt = self.render_chat(messages, add_generation_prompt=add_generation_prompt, continue_final=continue_final)
+        tok = self.tokenizer
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        stop = body.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        prompt_ids = tok.encode(prompt)
+        text, finish, out = self.generate(prompt, max_tokens, stop)
+        wants_prompt_logprobs = self.chat_prefill == "vllm" and body.get("prompt_logprobs") is not None
+        self.requests.append(dict(body, _generated=len(out), _prefilled=len(prompt_ids) if wants_prompt_logprobs else 0, _rendered=prompt))
+        usage: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out), "total_tokens": len(prompt_ids) + len(out)}
+        prediction = body.get("prediction")
+        if isinstance(prediction, dict) and isinstance(prediction.get("content"), str):
+            # Predicted Outputs' accounting, simplified: the predicted tokens
+            # the output begins with are accepted, the rest rejected.
+            predicted = tok.encode(prediction["content"])
+            accepted = next((k for k, (a, b) in enumerate(zip(out, predicted)) if a != b), min(len(out), len(predicted)))
+            usage["completion_tokens_details"] = {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": len(predicted) - accepted}
+        if body.get("stream"):
+            return 200, {}, self._chat_chunks(out, text, finish, usage, body)
+        if self.chat_prefill == "vllm" and body.get("echo") and continue_final:
+            text = messages[-1]["content"] + text
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": self._chat_logprobs(prompt_ids, out)}
+        answer = {"id": "chatcmpl-fake", "object": "chat.completion", "model": self.model_name, "choices": [choice], "usage": usage}
+        if wants_prompt_logprobs:
+            answer["prompt_logprobs"] = self._prompt_logprobs(prompt_ids)
+        return 200, answer, None
+
+    def _chat_logprobs(self, prompt_ids: list[int], generated: list[int]) -> list[dict]:
+        legacy = self._logprobs([], generated, prompt_ids)
+        return [
+            {"token": token, "logprob": lp, "top_logprobs": [{"token": t, "logprob": v} for t, v in (top or {}).items()]}
+            for token, lp, top in zip(legacy["tokens"], legacy["token_logprobs"], legacy["top_logprobs"])
+        ]
+
+    def _prompt_logprobs(self, prompt_ids: list[int]) -> list[dict | None]:
+        """vLLM's ``prompt_logprobs=1``: per prompt position, the prompt's own
+        token and the model's top choice, keyed by token id, with rank."""
+        st = self.model.state([])
+        entries: list[dict | None] = []
+        for i, token in enumerate(prompt_ids):
+            if i == 0:
+                entries.append(None)
+            else:
+                (t1, lp1), (t2, lp2) = st.ranked()
+                own = lp1 if token == t1 else lp2 if token == t2 else lp2 - 3.0 - (token % 5) / 10.0
+                rank = 1 if token == t1 else 2 if token == t2 else 3 + token % 7
+                entry = {str(token): {"logprob": own, "rank": rank, "decoded_token": self.tokenizer.token_text(token)}}
+                if token != t1:
+                    entry[str(t1)] = {"logprob": lp1, "rank": 1, "decoded_token": self.tokenizer.token_text(t1)}
+                entries.append(entry)
+            st.append(token)
+        return entries
+
+    def _chat_chunks(self, out: list[int], text: str, finish: str, usage: dict, body: dict) -> list[dict]:
+        """The completions stream's pieces, as chat deltas."""
+        chunks = [{"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": self.model_name,
+                   "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}]}]
+        for chunk in self._stream_chunks(out, text, finish, usage, dict(body, logprobs=1 if body.get("logprobs") else None)):
+            choice = chunk["choices"][0]
+            logprobs = choice["logprobs"]
+            if logprobs is not None:
+                logprobs = {"content": [{"token": t, "logprob": None, "top_logprobs": []} for t in logprobs["tokens"]]}
+            delta = {"content": choice["text"]} if choice["text"] or choice["finish_reason"] is None else {}
+            converted = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": self.model_name,
+                         "choices": [{"index": 0, "delta": delta, "finish_reason": choice["finish_reason"], "logprobs": logprobs}]}
+            if "usage" in chunk:
+                converted["usage"] = chunk["usage"]
+            chunks.append(converted)
+        return chunks
 
     def _complete(self, body: dict) -> tuple[int, dict, list | None]:
         tok = self.tokenizer

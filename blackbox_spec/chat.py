@@ -1,0 +1,257 @@
+"""Chat targets: one assistant turn, seen by the orchestrator as a completion.
+
+The orchestrator works on strings: "the context so far" and "continue it".
+For a chat the context is the conversation plus the assistant message written
+so far.  :class:`ChatTurn` maps one onto the other: the text the orchestrator
+calls its prompt is ``head`` (the conversation as plain text, for the drafter
+to look things up in) followed by the partial assistant message, and every
+call sends the messages with that partial message to be continued
+("prefill").  An empty partial message is a plain chat call, exactly what a
+user's own request is.
+
+Whether and how a server continues a partial assistant message is learned
+by :func:`probe_chat`, never assumed:
+
+* vLLM and SGLang continue it when asked (``continue_final_message`` with
+  ``add_generation_prompt=false``); llama.cpp's server always does;
+  OpenAI's API starts a new turn instead.
+* A chat template may strip whitespace from messages (Gemma's ``| trim``;
+  transformers also cuts trailing whitespace when the template moved it).
+  Then "Hello\\n" is continued as if it were "Hello", and the text would
+  differ from a plain call.  The probe compares prompt token counts with and
+  without trailing whitespace, and speculation stays off where they match.
+* vLLM's ``prompt_logprobs`` on chat give echo-style verification in one
+  call: the target's own choice at every token of the prefilled message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator
+
+from ._exceptions import PromptError, TargetError, TargetHTTPError, TargetResponseError
+from ._target import Completion, StreamEnd, StreamPiece, TargetAPI, Usage
+from ._tokens import AlignmentError, Unit, align_tokens, count_tokens
+
+# The request fields that make vLLM / SGLang continue the final message.
+CONTINUE_FIELDS = {"continue_final_message": True, "add_generation_prompt": False}
+_REFUSALS = (400, 422, 501)
+_PROBE_MESSAGES = [{"role": "user", "content": "Count from 1 to 40, separated by spaces. Reply with the numbers only."}]
+
+
+@dataclass(frozen=True)
+class ChatSupport:
+    """What a server's chat endpoint offers for speculation, from one probe.
+
+    ``prefill``: the request fields under which the server continued a
+    partial assistant message exactly (``{}`` when it does so unasked, as
+    llama.cpp does); None when it can't.  ``reason`` says why speculation is
+    off, when it is.
+    """
+
+    logprobs: bool
+    prefill: dict[str, Any] | None
+    prompt_logprobs: bool
+    round_trip_s: float
+    reason: str | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.reason is None
+
+
+def conversation_text(messages: list[dict[str, Any]]) -> str:
+    """The conversation as the drafter sees it: each message's text, in order.
+    (Only for drafting: the server renders messages with its own template.)"""
+    return "".join(f"{m['role']}:\n{m['content']}\n\n" for m in messages) + "assistant:\n"
+
+
+def check_messages(messages: object) -> list[dict[str, Any]]:
+    """Messages as the chat API takes them, text content only; a clear error otherwise."""
+    if not isinstance(messages, list) or not messages:
+        raise PromptError("messages must be a non-empty list of {'role': ..., 'content': ...} objects")
+    for k, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise PromptError(f"message {k} must be an object with a 'role' string")
+        if not isinstance(message.get("content"), str):
+            raise PromptError(f"message {k} must have text 'content' (a string); other content is passed through by `bspec serve`, not speculated on")
+    return [dict(m) for m in messages]
+
+
+class ChatTurn:
+    """One assistant turn as a completions-style target (``complete`` / ``stream``).
+
+    ``prompt`` is what the orchestrator starts from: the conversation's text,
+    plus the assistant message the conversation ends with, if it does (that
+    message is then continued, as a prefill).
+    """
+
+    def __init__(self, api: TargetAPI, messages: list[dict[str, Any]], *, extra: dict[str, Any] | None = None) -> None:
+        self.api = api
+        prefilled = messages[-1]["content"] if messages[-1]["role"] == "assistant" else None
+        self.messages = messages[:-1] if prefilled is not None else messages
+        self.head = conversation_text(self.messages)
+        self.prompt = self.head + (prefilled or "")
+        self.support: ChatSupport | None = None
+        self.extra = dict(extra or {})
+        self.usage_seen: list[Usage] = []  # each call's usage (Predicted Outputs' counts ride on it)
+
+    def _request(self, prompt: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        if not prompt.startswith(self.head):
+            raise AssertionError("a chat turn continues its own conversation only")
+        partial = prompt[len(self.head):]
+        if not partial:
+            return self.messages, dict(self.extra)
+        if self.support is None or self.support.prefill is None:
+            raise TargetError(f"{self.api.base_url} cannot continue a partial assistant message, so this chat turn cannot resume part-way")
+        return self.messages + [{"role": "assistant", "content": partial}], {**self.support.prefill, **self.extra}
+
+    async def complete(self, prompt: str, *, max_tokens: int, logprobs: int | None = None, echo: bool = False, stop: list[str] | None = None) -> Completion:
+        messages, fields = self._request(prompt)
+        if echo:
+            fields["prompt_logprobs"] = 1
+        c = await self.api.chat(messages, max_tokens=max_tokens, logprobs=logprobs is not None or echo, stop=stop, extra=fields)
+        self.usage_seen.append(c.usage)
+        if echo:
+            c.prompt_units = _prompt_units(c, prompt[len(self.head):], len(self.head))
+            c.echoed = c.prompt_units is not None
+        return c
+
+    async def stream(self, prompt: str, *, max_tokens: int, stop: list[str] | None = None, logprobs: int | None = None) -> AsyncIterator[StreamPiece | StreamEnd]:
+        messages, fields = self._request(prompt)
+        stream = self.api.chat_stream(messages, max_tokens=max_tokens, stop=stop, logprobs=logprobs is not None, extra=fields)
+        try:
+            async for item in stream:
+                if isinstance(item, StreamEnd):
+                    self.usage_seen.append(item.usage)
+                yield item
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+
+# -- vLLM's prompt_logprobs as echo units (pure) ---------------------------------------
+
+
+def prompt_positions(entries: list[Any]) -> tuple[list[str | None], list[float | None], list[dict[str, float] | None]]:
+    """Per prompt position: the prompt's own token, its logprob, and a top
+    dict {token: logprob} holding the target's first choice.
+
+    vLLM keys each position by token id; with ``prompt_logprobs=1`` it holds
+    the prompt's token and, when that was not the first choice, the first
+    choice too (``rank`` 1).  The first position has no entry (None).
+
+    >>> prompt_positions([None, {"7": {"logprob": -0.1, "rank": 1, "decoded_token": "a"}},
+    ...                   {"9": {"logprob": -2.0, "rank": 3, "decoded_token": "b"}, "4": {"logprob": -0.5, "rank": 1, "decoded_token": "c"}}])
+    ([None, 'a', 'b'], [None, -0.1, -2.0], [None, {'a': -0.1}, {'c': -0.5, 'b': -2.0}])
+    """
+    tokens: list[str | None] = []
+    lps: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    for entry in entries:
+        if not entry:
+            tokens.append(None), lps.append(None), tops.append(None)
+            continue
+        if not isinstance(entry, dict):
+            raise TypeError("a prompt_logprobs entry is not an object")
+        items = [(str(v.get("decoded_token") or ""), float(v["logprob"]), v.get("rank")) for v in entry.values()]
+        own = next((item for item in items if item[2] != 1), items[0]) if len(items) > 1 else items[0]
+        best = next((item for item in items if item[2] == 1), own)
+        tokens.append(own[0])
+        lps.append(own[1])
+        tops.append({best[0]: best[1], own[0]: own[1]} if best is not own else {own[0]: own[1]})
+    return tokens, lps, tops
+
+
+def content_start(tokens: list[str | None], content: str) -> int | None:
+    """The index of the prompt token where ``content`` (the end of the prompt)
+    begins, when the token strings spell it exactly from a token boundary;
+    None otherwise (a token across its start, or unreadable token strings)."""
+    total = 0
+    for j in range(len(tokens) - 1, -1, -1):
+        token = tokens[j]
+        if token is None:
+            return None
+        total += len(token)
+        if total >= len(content):
+            if total == len(content) and "".join(t or "" for t in tokens[j:]) == content:
+                return j
+            return None
+    return None
+
+
+def _prompt_units(c: Completion, content: str, offset: int) -> list[Unit] | None:
+    """Echo units for the prefilled message, placed at ``offset`` (the head's
+    length) in the orchestrator's text.  When the message's tokens can't be
+    found exactly, one unit spans it all: the verifier then asks plainly."""
+    if c.prompt_logprobs is None:
+        return None
+    try:
+        tokens, lps, tops = prompt_positions(c.prompt_logprobs)
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise TargetResponseError(f"malformed prompt_logprobs: {type(exc).__name__}") from None
+    start = content_start(tokens, content)
+    try:
+        if start is None:
+            raise AlignmentError("the message's tokens are not readable")
+        units = align_tokens(content, [t or "" for t in tokens[start:]], lps[start:], tops[start:])
+    except AlignmentError:
+        return [Unit(content, max(1, len(tokens)), offset, matches=False)]
+    return [replace(u, start=u.start + offset) for u in units]
+
+
+# -- the probe -----------------------------------------------------------------------
+
+
+async def probe_chat(api: TargetAPI) -> ChatSupport:
+    """Learn how this server's chat endpoint can be verified (6 small calls)."""
+    try:
+        plain = await api.chat(_PROBE_MESSAGES, max_tokens=16, logprobs=True)
+        logprobs = bool(plain.units)
+    except TargetHTTPError as exc:
+        if exc.status_code not in _REFUSALS:
+            raise
+        plain = await api.chat(_PROBE_MESSAGES, max_tokens=16)
+        logprobs = False
+    round_trip = plain.elapsed
+    if not logprobs:
+        return ChatSupport(False, None, False, round_trip, "the server returns no logprobs on chat, so token boundaries are unknown")
+    units = plain.units or []
+    if len(units) < 4:
+        return ChatSupport(True, None, False, round_trip, f"the probe's answer was too short to test continuing it ({len(units)} tokens)")
+    middle = len(units) // 2
+    partial, rest = plain.text[: units[middle].start], plain.text[units[middle].start :]
+    prefilled = _PROBE_MESSAGES + [{"role": "assistant", "content": partial}]
+    prefill = None
+    answered = ""
+    for fields in (CONTINUE_FIELDS, {}):
+        try:
+            continued = await api.chat(prefilled, max_tokens=count_tokens(units[middle:]), extra=fields)
+        except TargetHTTPError as exc:
+            if exc.status_code not in _REFUSALS:
+                raise
+            continue
+        answered = continued.text
+        if continued.text == rest:
+            prefill = dict(fields)
+            break
+    if prefill is None:
+        return ChatSupport(True, None, False, round_trip,
+                           f"the server does not continue a partial assistant message (asked to continue {partial!r}, it answered {answered[:40]!r})")
+
+    async def prompt_tokens(content: str) -> int:
+        c = await api.chat(_PROBE_MESSAGES + [{"role": "assistant", "content": content}], max_tokens=1, extra=prefill)
+        return c.usage.prompt_tokens
+
+    bare, spaced, led, led_spaced = await asyncio.gather(*(prompt_tokens(t) for t in ("1 2", "1 2\n\n", "\n1 2", "\n1 2\n\n")))
+    if not bare:
+        return ChatSupport(True, prefill, False, round_trip, "the server reports no usage, so whether its chat template keeps whitespace can't be checked")
+    if spaced <= bare or led_spaced <= led:
+        return ChatSupport(True, prefill, False, round_trip,
+                           "the chat template strips trailing whitespace from a prefilled assistant message, so a partial message can't be continued exactly")
+    try:
+        echoed = await api.chat(prefilled, max_tokens=1, logprobs=True, extra={**prefill, "prompt_logprobs": 1})
+        prompt_logprobs = echoed.prompt_logprobs is not None and content_start(prompt_positions(echoed.prompt_logprobs)[0], partial) is not None
+    except (TargetHTTPError, TargetResponseError, TypeError, KeyError, ValueError, AttributeError):
+        prompt_logprobs = False
+    return ChatSupport(True, prefill, prompt_logprobs, round_trip)
