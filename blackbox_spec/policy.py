@@ -131,6 +131,8 @@ class ServerCosts:
         self.step: dict[int, float] = {}
         # The drafter's own cost, against what its drafts saved (per client).
         self.drafting = DraftBudget()
+        # How drafts held in the last generation (``Policy.remember``).
+        self.runs: dict[str, RunLengths] | None = None
 
     def per_token(self) -> float:
         if 1 in self.step:
@@ -251,6 +253,11 @@ class Policy:
         self.max_draft_chars = max_draft_chars
         self.margin = margin
         self.runs = {"long": RunLengths(150.0), "short": RunLengths(6.0), "resync": RunLengths(24.0)}
+        if self.costs.runs:
+            # What drafts did in this client's earlier generations, at half
+            # weight: a proxy's or an agent's next request starts from it
+            # instead of proving its drafts again before echo is tried.
+            self.runs = {k: RunLengths(v.prior_run, v.accepted / 2, v.misses / 2) for k, v in self.costs.runs.items()}
         self.group_overhead_s: float | None = None  # None: two tokens' time, until measured
         self.forecast_s = 0.0  # the open group's expected saving
         self.forecast_life_s = 0.0  # ... and how long it should take to walk
@@ -349,6 +356,10 @@ class Policy:
         self.observe_text(sum(len(u.text) for u in verdict.units), tokens)
 
     # -- decisions ----------------------------------------------------------------
+
+    def remember(self) -> None:
+        """Leave this generation's draft record to the client's next one."""
+        self.costs.runs = self.runs
 
     def stream_rate(self) -> float:
         return 1.0 / max(1e-6, self.costs.per_token())
