@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--retries", type=_non_negative_int, default=5, metavar="N", help="retries of a call after a 429, 408, 409, 5xx, timeout or reset, waiting as the server's Retry-After says or with jittered exponential backoff (at most 30 s each, 120 s in all); 0 turns them off (default: 5)")
     run.add_argument("--concurrency", type=_positive_int, default=8, metavar="N", help="batch: generations at once (default: 8)")
     run.add_argument("--max-in-flight", type=_positive_int, default=64, metavar="N", help="most HTTP requests in flight at once, over all generations and their branches (default: 64)")
+    run.add_argument("--chat", action="store_true", help="use /v1/chat/completions: PROMPT_FILE is the user's message, or a JSON list of {role, content} messages; the answer equals a plain chat call's")
+    run.add_argument("--system", metavar="TEXT", help="with --chat: a system message before the user's")
+    run.add_argument("--prediction", metavar="FILE", help="with --chat: send FILE's text as the Predicted Outputs `prediction` (OpenAI's gpt-4o/4.1 families) instead of speculating here; the stats report the accepted/rejected prediction tokens")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     run.add_argument("--quiet", action="store_true", help="do not print the stats line on stderr")
     run.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="colour text confirmed from accepted drafts green: auto = on a terminal unless NO_COLOR is set (default: auto)")
@@ -94,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_local_arguments(run)
     _add_bench_parser(commands)
     _add_server_parser(commands)
+    _add_serve_parser(commands)
     probe = commands.add_parser(
         "probe", help="measure what a server offers for verification and what each call costs",
         description="Measure round trip, decode rate, echo cost by context length and fan-out gain by width.",
@@ -157,6 +161,63 @@ DRAFTER_HELP = (
     "client's earlier outputs; llama = a GGUF model (llama-cpp-python); hf = a transformers "
     "model; none = plain decoding (default: ngram)"
 )
+
+
+SERVE_EXAMPLES = """\
+examples:
+  bspec serve --base-url http://127.0.0.1:8000/v1            # then point any OpenAI SDK at http://127.0.0.1:8100/v1
+  bspec serve --base-url https://api.example.com/v1 --api-key $KEY --port 9000
+  curl -s http://127.0.0.1:8100/metrics                      # acceptance, speedup estimate, steps saved
+
+Requests at temperature 0 with max_tokens, one choice and text only are
+speculated on; their answers are exactly the upstream's.  Everything else
+(sampling, tools, n > 1, logprobs, prediction) is passed through unchanged.
+The x-bspec response header says which.  Needs: pip install 'blackbox-spec[serve]'.
+"""
+
+
+def _add_serve_parser(commands) -> None:
+    serve = commands.add_parser(
+        "serve", help="an OpenAI-compatible server on localhost that speculates for any client",
+        description="Serve /v1/chat/completions, /v1/completions and /v1/models, forwarding to --base-url and speculating where the answer stays exact.",
+        epilog=SERVE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--base-url", help="the upstream OpenAI-compatible API root (default: $OPENAI_BASE_URL)")
+    serve.add_argument("--api-key", help="the upstream's API key (default: $OPENAI_API_KEY); never printed. Without one, passed-through requests carry the caller's own")
+    serve.add_argument("--model", help="model for requests that name none (default: the one each request names)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=_positive_int, default=8100, help="port to listen on (default: 8100)")
+    _add_drafter_arguments(serve)
+    serve.add_argument("--strategy", choices=["auto", "echo", "fanout", "plain"], default="auto", help="verification (default: auto, measured per server)")
+    serve.add_argument("--max-concurrency", type=_positive_int, default=16, metavar="N", help="generations speculated on at once; more wait in a queue (default: 16)")
+    serve.add_argument("--max-queue", type=_non_negative_int, default=256, metavar="N", help="requests that may wait for a slot; beyond it the answer is 503 with Retry-After (default: 256)")
+    serve.add_argument("--max-in-flight", type=_positive_int, default=64, metavar="N", help="most upstream requests in flight per model, branches included (default: 64)")
+    serve.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one upstream response (default: 600)")
+    serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning", help="uvicorn's log level (default: warning)")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ._target import resolve_settings
+    from .proxy import Proxy, serve
+
+    url, key = resolve_settings(args.base_url, args.api_key)
+    drafter = args.drafter or "suffix"
+    options = {
+        "drafter": None if drafter == "none" else drafter, "draft_model": args.draft_model, "draft_device": args.draft_device,
+        "strategy": args.strategy, "timeout": args.timeout, "max_in_flight": args.max_in_flight,
+    }
+    SpecClient(url, key, args.model, **options)  # checks the options now: a bad one is a one-line error before listening
+    proxy = Proxy(url, key, model=args.model, client_options=options, max_concurrency=args.max_concurrency, max_queue=args.max_queue, timeout=args.timeout)
+    app = proxy.app()
+    _log(f"serving http://{args.host}:{args.port}/v1 -> {proxy_display(url)} (drafter {drafter}); Ctrl-C stops it")
+    serve(proxy, args.host, args.port, log_level=args.log_level, app=app)
+    return 0
+
+
+def proxy_display(url: str) -> str:
+    from ._target import display_url
+
+    return display_url(url)
 
 
 def _add_drafter_arguments(parser: argparse.ArgumentParser) -> None:
@@ -266,6 +327,10 @@ def _check_mode(args: argparse.Namespace) -> None:
         if args.drafter != "none" and not args.draft_model:
             raise ConfigurationError("--local needs --draft-model DIR (sharing the target's tokenizer), or --drafter none for plain sampling")
         return
+    if not args.chat and (args.system is not None or args.prediction is not None):
+        raise ConfigurationError("--system and --prediction need --chat")
+    if args.chat and (len(args.prompt_files) > 1 or args.prompt_files[0].endswith(".jsonl")):
+        raise ConfigurationError("--chat takes one prompt file (batches are completions prompts); run one bspec run --chat per conversation")
     given = [f"--{name.replace('_', '-')}" for name in LOCAL_ONLY if getattr(args, name) is not None]
     if given:
         raise ConfigurationError(f"{' '.join(given)} {'needs' if len(given) == 1 else 'need'} --local: the API mode is exact greedy decoding (temperature 0)")
@@ -384,9 +449,13 @@ async def _run(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
     if len(args.prompt_files) > 1 or args.prompt_files[0].endswith(".jsonl"):
         return await _run_batch(args)
     prompt = read_prompt(args.prompt_files[0])
+    prediction = read_prompt(args.prediction) if args.prediction else None
     async with _client(args) as client:
         await _load_drafter(args, client)
-        stream = client.stream(prompt, max_tokens=args.max_tokens, stop=args.stop)
+        if args.chat:
+            stream = client.stream_chat(chat_messages(prompt, args.system), max_tokens=args.max_tokens, stop=args.stop, prediction=prediction)
+        else:
+            stream = client.stream(prompt, max_tokens=args.max_tokens, stop=args.stop)
         result_box.append(stream.result)
         render = _renderer(args)
         try:
@@ -403,6 +472,21 @@ async def _run(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
                 legend = f" ({LEGEND})" if render.color and render.drafted_chars else ""
                 print(_summary(result) + legend, file=sys.stderr)
     return 0
+
+
+def chat_messages(text: str, system: str | None = None) -> list[dict]:
+    """A prompt file as chat messages: a JSON list of {role, content} objects
+    as it is, any other text as one user message."""
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            messages = json.loads(text)
+        except ValueError as exc:
+            raise PromptError(f"the prompt looks like a JSON list of messages but is not valid JSON: {exc}") from None
+        if system is not None:
+            messages = [{"role": "system", "content": system}] + messages
+        return messages
+    return ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]
 
 
 def _renderer(args: argparse.Namespace) -> Renderer:
@@ -493,7 +577,9 @@ def _summary(result: GenerationResult) -> str:
         + (f", ~{s.speedup_estimate:.1f}x plain (estimated from the decode rate measured here)" if s.speedup_estimate else "")
         + (f", {s.retries} retried calls" if s.retries else "")
         + (f", {s.failed_rounds} failed rounds resumed" if s.failed_rounds else "")
-        + (", then plain decoding (verification kept failing)" if s.fallback else "")
+        + (", then plain decoding (verification kept failing)" if s.fallback and s.fallback.startswith("decoding plainly") else "")
+        + (f", plain chat: {s.notes[0]}" if s.fallback == "plain chat" and s.notes else "")
+        + (f", prediction tokens accepted {s.accepted_prediction_tokens}, rejected {s.rejected_prediction_tokens}" if s.accepted_prediction_tokens is not None else "")
     )
 
 
@@ -600,6 +686,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _server(args)
         if args.command == "probe":
             return asyncio.run(_probe(args))
+        if args.command == "serve":
+            return _serve(args)
         _check_mode(args)
         if args.local:
             return _run_local(args, box)

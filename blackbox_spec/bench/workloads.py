@@ -19,6 +19,7 @@ as raw text, because verification needs ``/v1/completions``.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 WORKLOADS = ("code-edit", "rewrite", "json", "free-form", "agent")
@@ -33,6 +34,14 @@ class Prompt:
     # Turns of one session share the suffix drafter's memory of earlier
     # outputs (an agent that keeps regenerating similar answers).
     session: str | None = None
+
+    @property
+    def messages(self) -> list[dict[str, str]] | None:
+        """The same request as chat messages (None for a raw-text prompt)."""
+        found = re.findall(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>\n", self.text, flags=re.S)
+        if not found or not self.text.endswith("<|im_start|>assistant\n"):
+            return None
+        return [{"role": role, "content": content} for role, content in found]
 
 
 def chatml(user: str, system: str = "You are a careful assistant. Follow the instruction exactly.") -> str:

