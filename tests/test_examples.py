@@ -54,5 +54,12 @@ def test_hosted_example_reads_the_environment_and_never_shows_the_key(url):
     assert wrong.returncode == 1 and "401" in wrong.stdout and "sk-wrong-key-0000" not in wrong.stdout
 
 
+def test_openai_sdk_via_proxy_example(url):
+    """The unchanged-SDK example, with the proxy it starts itself, against the fake."""
+    run = example("openai_sdk_via_proxy.py", "--base-url", url, "--model", "fake-model", "--max-tokens", "40")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "same answer: yes" in run.stdout and "x-bspec: speculative" in run.stdout
+
+
 def test_the_prompt_files_are_there():
     assert {p.name for p in (EXAMPLES / "prompts").glob("*.txt")} >= {"edit.txt", "freeform.txt", "rewrite-json.txt"}

