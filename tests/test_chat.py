@@ -75,13 +75,17 @@ async def test_a_conversation_ending_with_an_assistant_message_is_continued(serv
     assert result.text == truth
 
 
-async def test_llama_style_prefill_without_vllm_fields(served):
-    """llama-server continues a final assistant message unasked."""
+@pytest.mark.parametrize("strategy", ["auto", "fanout"])
+@pytest.mark.parametrize("name", ["code", "emoji", "json"])
+async def test_llama_style_prefill_without_vllm_fields(served, strategy, name):
+    """llama-server continues a final assistant message unasked, and repeats
+    it before the new text (in the first chunk of a stream)."""
     served.chat_prefill = "llama"
-    messages = chat_of(PROMPTS["code"])
-    async with client_for(strategy="fanout") as client:
+    messages = chat_of(PROMPTS[name] * 2)
+    async with client_for(strategy=strategy) as client:
         result = await client.chat(messages, max_tokens=60)
         assert client.chat_support.prefill is not None and client.chat_support.speculative
+        assert client.chat_support.repeats_prefill
         assert not client.chat_support.prompt_logprobs  # only vLLM has them: no echo
     assert result.text == plain_chat(served, messages, 60)[0]
 

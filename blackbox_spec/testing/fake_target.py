@@ -469,8 +469,17 @@ class FakeTarget:
             predicted = tok.encode(prediction["content"])
             accepted = next((k for k, (a, b) in enumerate(zip(out, predicted)) if a != b), min(len(out), len(predicted)))
             usage["completion_tokens_details"] = {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": len(predicted) - accepted}
+        # llama-server's answer to a prefill repeats the prefilled text before
+        # the new text (in the first chunk, when streaming); logprobs cover
+        # only the new tokens.
+        repeated = messages[-1]["content"] if continue_final and self.chat_prefill == "llama" else ""
         if body.get("stream"):
-            return 200, {}, self._chat_chunks(out, text, finish, usage, body)
+            chunks = self._chat_chunks(out, text, finish, usage, body)
+            if repeated:
+                first = next(c for c in chunks[1:] if c["choices"][0]["delta"].get("content") is not None)
+                first["choices"][0]["delta"]["content"] = repeated + first["choices"][0]["delta"]["content"]
+            return 200, {}, chunks
+        text = repeated + text
         if self.chat_prefill == "vllm" and body.get("echo") and continue_final:
             text = messages[-1]["content"] + text
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}

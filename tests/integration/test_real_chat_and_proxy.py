@@ -24,8 +24,8 @@ from blackbox_spec.proxy import Proxy, running
 from .conftest import DIVERGENCES
 
 pytestmark = pytest.mark.real
-CHAT_TOKENS = 96
-CHAT_PROMPTS = [p for p in PROMPTS if p.name in ("rename-js", "json-config", "typos-notes", "story")]
+CHAT_TOKENS = 64
+CHAT_PROMPTS = [p for p in PROMPTS if p.name in ("rename-js", "json-config", "story")]
 
 
 async def plain_chat(base_url: str, model: str, messages: list[dict], max_tokens: int) -> tuple[str, str]:
