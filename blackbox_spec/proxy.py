@@ -7,7 +7,9 @@ Any application that speaks the OpenAI API gets faster by changing its
   ``max_tokens`` given; it runs through one :class:`~blackbox_spec.SpecClient`
   per model, whose suffix index is shared by every request, so an agent
   that repeats itself speeds up as it goes.  The answer is the upstream's
-  own greedy text, byte for byte.
+  own greedy text, byte for byte.  While more than ``max_speculative``
+  generations are under way the upstream is busy, and such a request is
+  decoded plainly instead (the same answer, at plain cost).
 * **passed through**: everything else (sampling, tools, ``n > 1``, logprobs,
   ``prediction``, fields we don't know), forwarded unchanged and streamed
   back as it comes.
@@ -134,9 +136,10 @@ class Busy(Exception):
 class Proxy:
     """The application: routes, one speculative client per model, metrics.
 
-    ``clients`` build :class:`SpecClient` s for a model name (injectable:
-    tests pass one over a fake upstream).  ``upstream`` carries the
-    passed-through requests.
+    ``client_options`` are :class:`SpecClient` arguments (drafter, strategy,
+    timeout...); ``transport`` is the httpx transport of every upstream call
+    (tests pass one over the fake).  ``upstream`` carries the passed-through
+    requests.
     """
 
     def __init__(
