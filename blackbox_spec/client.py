@@ -320,6 +320,11 @@ class SpecClient:
 
     async def _chat_pieces(self, turn: ChatTurn, out: Output, stats: GenerationStats, predicted: bool) -> AsyncIterator[str]:
         reason = unsupported = None
+        if turn.prompt != turn.head:
+            # The conversation ends with an assistant message to continue:
+            # even plain decoding needs to know how this server does that.
+            await self.ensure_model()
+            turn.support = await self.probe_chat()
         if predicted:
             reason = "a prediction was given: the server speculates on it (Predicted Outputs), so the turn is decoded plainly here"
         elif self._new_drafter is None or self.strategy == "plain":

@@ -77,6 +77,10 @@ def passthrough_reason(kind: str, body: dict[str, Any]) -> str | None:
             for m in messages
         ):
             return "messages that are not plain text"
+        if messages[-1]["role"] == "assistant":
+            # Servers disagree on what that asks for (vLLM starts a new turn,
+            # llama.cpp continues the message): the upstream's own answer it is.
+            return "the conversation ends with an assistant message"
     elif not isinstance(body.get("prompt"), str) or not body.get("prompt"):
         return "prompt is not one string"
     return None

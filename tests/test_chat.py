@@ -75,6 +75,17 @@ async def test_a_conversation_ending_with_an_assistant_message_is_continued(serv
     assert result.text == truth
 
 
+async def test_continuing_an_assistant_message_plainly_probes_first(served):
+    """Plain decoding (drafter=None) of a conversation ending with an
+    assistant message still needs the server's way to continue it."""
+    messages = chat_of(PROMPTS["prose"]) + [{"role": "assistant", "content": "The model"}]
+    body = {"model": "fake-model", "messages": messages, "max_tokens": 30, "temperature": 0, "continue_final_message": True, "add_generation_prompt": False}
+    truth = served.handle(httpx.Request("POST", BASE_URL + "/chat/completions", json=body)).json()["choices"][0]["message"]["content"]
+    async with client_for(drafter=None) as client:
+        result = await client.chat(messages, max_tokens=30)
+    assert result.text == truth and result.stats.target_calls == 1
+
+
 @pytest.mark.parametrize("strategy", ["auto", "fanout"])
 @pytest.mark.parametrize("name", ["code", "emoji", "json"])
 async def test_llama_style_prefill_without_vllm_fields(served, strategy, name):

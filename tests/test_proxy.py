@@ -112,6 +112,7 @@ async def test_streams_through_the_proxy_equal_the_upstream(sdks, kind):
     ({"prediction": {"type": "content", "content": "def add"}}, "field prediction"),
     ({"max_tokens": None}, "max_tokens not given"),
     ({"frequency_penalty": 0.5}, "field frequency_penalty"),
+    ({"messages": chat_of(PROMPTS["code"]) + [{"role": "assistant", "content": "def"}]}, "ends with an assistant message"),
 ])
 async def test_what_cannot_be_speculated_is_passed_through_unchanged(sdks, upstream, extra, reason):
     via, direct = sdks
