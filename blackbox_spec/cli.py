@@ -198,7 +198,7 @@ def _add_serve_parser(commands) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ._target import resolve_settings
+    from ._target import display_url, resolve_settings
     from .proxy import Proxy, serve
 
     url, key = resolve_settings(args.base_url, args.api_key)
@@ -210,15 +210,9 @@ def _serve(args: argparse.Namespace) -> int:
     SpecClient(url, key, args.model, **options)  # checks the options now: a bad one is a one-line error before listening
     proxy = Proxy(url, key, model=args.model, client_options=options, max_concurrency=args.max_concurrency, max_speculative=args.max_speculative, max_queue=args.max_queue, timeout=args.timeout)
     app = proxy.app()
-    _log(f"serving http://{args.host}:{args.port}/v1 -> {proxy_display(url)} (drafter {drafter}); Ctrl-C stops it")
+    _log(f"serving http://{args.host}:{args.port}/v1 -> {display_url(url)} (drafter {drafter}); Ctrl-C stops it")
     serve(proxy, args.host, args.port, log_level=args.log_level, app=app)
     return 0
-
-
-def proxy_display(url: str) -> str:
-    from ._target import display_url
-
-    return display_url(url)
 
 
 def _add_drafter_arguments(parser: argparse.ArgumentParser) -> None:

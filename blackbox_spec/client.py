@@ -298,7 +298,6 @@ class SpecClient:
                 async for piece in pieces:
                     yield piece
             return
-        await self.ensure_model()
         caps = await self.probe()
         available = (["echo"] if caps.echo else []) + (["fanout"] if caps.logprobs else [])
         forced = None if self.strategy == "auto" else self.strategy
@@ -323,14 +322,12 @@ class SpecClient:
         if turn.prompt != turn.head:
             # The conversation ends with an assistant message to continue:
             # even plain decoding needs to know how this server does that.
-            await self.ensure_model()
             turn.support = await self.probe_chat()
         if predicted:
             reason = "a prediction was given: the server speculates on it (Predicted Outputs), so the turn is decoded plainly here"
         elif self._new_drafter is None or self.strategy == "plain":
             reason = "plain decoding was asked for"
         else:
-            await self.ensure_model()
             turn.support = await self.probe_chat()
             unsupported = turn.support.reason
             reason = unsupported and f"{unsupported}: decoding the chat turn plainly"

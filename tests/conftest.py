@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import pytest
 import respx
 
@@ -45,6 +48,23 @@ def served(fake: FakeTarget):
     with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
         mount(fake, router)
         yield fake
+
+
+@contextlib.contextmanager
+def over_http(fake: FakeTarget) -> Iterator[tuple[FakeTarget, str]]:
+    """``fake`` as a real HTTP server in a thread: (fake, its /v1 URL)."""
+    httpd = fake.serve()
+    try:
+        yield fake, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    finally:
+        httpd.shutdown()
+
+
+def in_flight(url: str) -> int:
+    """Requests the served fake is answering now (``/fake/stats``)."""
+    import httpx
+
+    return httpx.get(url.removesuffix("/v1") + "/fake/stats").json()["in_flight"]
 
 
 async def no_sleep(seconds: float) -> None:

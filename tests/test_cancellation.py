@@ -20,7 +20,7 @@ import pytest
 from blackbox_spec import SpecClient
 from blackbox_spec.testing import FakeTarget
 
-from .conftest import PROMPTS
+from .conftest import PROMPTS, in_flight, over_http
 
 
 class CountingTransport(httpx.AsyncBaseTransport):
@@ -63,14 +63,8 @@ class _Counted(httpx.AsyncByteStream):
 
 @pytest.fixture(scope="module")
 def slow_server():
-    fake = FakeTarget(decode_s=0.01, latency=0.01)
-    httpd = fake.serve()
-    yield fake, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    httpd.shutdown()
-
-
-def streams_in_flight(url: str) -> int:
-    return httpx.get(url.replace("/v1", "/fake/stats")).json()["in_flight"]
+    with over_http(FakeTarget(decode_s=0.01, latency=0.01)) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize("strategy", ["auto", "echo", "fanout", "plain"])
@@ -102,9 +96,9 @@ async def test_cancelling_the_task_closes_every_request(slow_server, strategy):
     assert result.text == "".join(shown)  # what was shown is what the result holds
     assert fake.generate(prompt, 400)[0].startswith(result.text)
     deadline = time.time() + 3
-    while streams_in_flight(url) and time.time() < deadline:
+    while in_flight(url) and time.time() < deadline:
         await asyncio.sleep(0.02)
-    assert streams_in_flight(url) == 0  # the server noticed and stopped writing
+    assert in_flight(url) == 0  # the server noticed and stopped writing
 
 
 async def test_closing_the_stream_early_is_an_interruption_too(slow_server):

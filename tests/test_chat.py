@@ -16,7 +16,7 @@ from blackbox_spec import ConfigurationError, PromptError
 from blackbox_spec.chat import ChatTurn, content_start, conversation_text, prompt_positions
 from blackbox_spec.testing import FakeTarget
 
-from .conftest import BASE_URL, PROMPTS, chat_of, client_for
+from .conftest import BASE_URL, PROMPTS, chat_of, client_for, over_http
 
 
 def plain_chat(fake: FakeTarget, messages: list[dict], max_tokens: int, stop: list[str] | None = None) -> tuple[str, str]:
@@ -250,10 +250,8 @@ def test_chat_turn_prompt_is_the_conversation_then_the_partial_message(fake):
 
 @pytest.fixture(scope="module")
 def chat_server():
-    fake = FakeTarget()
-    httpd = fake.serve()
-    yield fake, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    httpd.shutdown()
+    with over_http(FakeTarget()) as served:
+        yield served
 
 
 def test_bspec_run_chat_equals_a_plain_chat_call(chat_server, tmp_path):

@@ -19,7 +19,7 @@ from blackbox_spec._render import DRAFTED, RESET, Renderer, use_color
 from blackbox_spec.orchestrator import pieces_between
 from blackbox_spec.testing import FakeTarget
 
-from .conftest import PROMPTS
+from .conftest import PROMPTS, over_http
 from .test_cli import bspec, write
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -28,10 +28,8 @@ PROMPT = PROMPTS["code"] * 3
 
 @pytest.fixture(scope="module")
 def served():
-    fake = FakeTarget()
-    httpd = fake.serve()
-    yield fake, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    httpd.shutdown()
+    with over_http(FakeTarget()) as pair:
+        yield pair
 
 
 def run_args(url: str, path: str, *extra: str) -> list[str]:

@@ -22,7 +22,7 @@ from blackbox_spec.bench.load import run_load
 from blackbox_spec.proxy import Proxy, passthrough_reason, running
 from blackbox_spec.testing import FakeTarget
 
-from .conftest import PROMPTS, chat_of
+from .conftest import PROMPTS, chat_of, in_flight, over_http
 
 UPSTREAM = "http://upstream.test/v1"
 
@@ -186,21 +186,15 @@ async def test_a_full_queue_answers_503_with_retry_after(upstream):
 
 @pytest.fixture
 def served_upstream():
-    fake = FakeTarget(latency=0.01, decode_s=0.01)
-    httpd = fake.serve()
-    yield fake, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    httpd.shutdown()
-
-
-def _upstream_in_flight(url: str) -> int:
-    return httpx.get(url.removesuffix("/v1") + "/fake/stats").json()["in_flight"]
+    with over_http(FakeTarget(latency=0.01, decode_s=0.01)) as pair:
+        yield pair
 
 
 def _busy(url: str, seconds: float = 3.0) -> bool:
     """The upstream has a request in flight at some moment within ``seconds``."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if _upstream_in_flight(url) >= 1:
+        if in_flight(url) >= 1:
             return True
         time.sleep(0.01)
     return False
@@ -209,10 +203,10 @@ def _busy(url: str, seconds: float = 3.0) -> bool:
 def _wait_idle(url: str, seconds: float = 5.0) -> float:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if _upstream_in_flight(url) == 0:
+        if in_flight(url) == 0:
             return time.monotonic()
         time.sleep(0.02)
-    raise AssertionError(f"the upstream still has {_upstream_in_flight(url)} requests in flight")
+    raise AssertionError(f"the upstream still has {in_flight(url)} requests in flight")
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -232,7 +226,7 @@ def test_a_client_that_goes_away_cancels_the_upstream_work(served_upstream, stre
                     # with a request of it in flight.
                     deadline = time.monotonic() + 5
                     for _ in response.iter_lines():
-                        if _upstream_in_flight(url) >= 1 and time.monotonic() > deadline - 4:
+                        if in_flight(url) >= 1 and time.monotonic() > deadline - 4:
                             break
                         assert time.monotonic() < deadline, "the upstream never had a request in flight"
             else:
