@@ -81,9 +81,12 @@ async def test_cancelling_the_task_closes_every_request(slow_server, strategy):
                 shown.append(piece)
 
         task = asyncio.create_task(read())
-        while len("".join(shown)) < 30:
-            await asyncio.sleep(0.005)
-        assert transport.open >= 1 and not task.done()
+        # Cancel mid-request: between rounds (drafting, or fan-out calls all
+        # just answered) nothing is open, so wait for text *and* a live request.
+        deadline = time.perf_counter() + 20
+        while not (len("".join(shown)) >= 30 and transport.open >= 1):
+            assert not task.done() and time.perf_counter() < deadline, "no request in flight to cancel"
+            await asyncio.sleep(0.001)
         asked = time.perf_counter()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
