@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import pytest
 
@@ -20,6 +21,9 @@ from blackbox_spec.local.sampling import NO_TOKEN, as_generator, sampling_probs
 from .chi_square import chi_square_p_value, joint_counts
 from .tiny_models import tiny_model, tiny_tokenizer
 
+# CPU in CI; the device run (bench/local_gpu.sh) sets BSPEC_TEST_DEVICE=cuda
+# so the same assertions check the engine's CUDA path.
+DEVICE = torch.device(os.environ.get("BSPEC_TEST_DEVICE", "cpu"))
 SAMPLES = 100_000
 VOCAB = 8
 PROMPT = [3, 1, 4, 1, 5]
@@ -47,15 +51,15 @@ def small_vocab_pair():
     with torch.no_grad():
         for weight in draft.parameters():
             weight.add_(0.05 * torch.randn_like(weight))
-    return target, draft
+    return target.to(DEVICE), draft.to(DEVICE)
 
 
 def target_joint(model, params: SamplingParams) -> torch.Tensor:
     """P(t1, t2, t3 | PROMPT) from forwards from scratch over all 64 prefixes."""
     pairs = torch.cartesian_prod(torch.arange(VOCAB), torch.arange(VOCAB))
-    ids = torch.cat([torch.tensor(PROMPT).expand(len(pairs), -1), pairs], 1)
+    ids = torch.cat([torch.tensor(PROMPT).expand(len(pairs), -1), pairs], 1).to(DEVICE)
     with torch.no_grad():
-        probs = sampling_probs(model(ids).logits[:, -3:], params)  # rows for t1, t2, t3
+        probs = sampling_probs(model(ids).logits[:, -3:], params).cpu()  # rows for t1, t2, t3
     p1 = probs[0, 0]
     p2 = probs[:, 1].view(VOCAB, VOCAB, VOCAB)[:, 0]  # depends on t1 only
     p3 = probs[:, 2].view(VOCAB, VOCAB, VOCAB)
@@ -73,7 +77,7 @@ def test_engine_output_follows_the_target(pair, setting):
     params = SETTINGS[setting]
     engine = LocalSpeculator(target, draft, None, gamma=3)
     stats, local = GenerationStats(), LocalStats()
-    samples = engine.sample_tokens(PROMPT, max_tokens=3, sampling=params, generator=as_generator(2024), rows=SAMPLES, stats=stats, local=local)
+    samples = engine.sample_tokens(PROMPT, max_tokens=3, sampling=params, generator=as_generator(2024), rows=SAMPLES, stats=stats, local=local).cpu()
     assert (samples != NO_TOKEN).all()
     joint = target_joint(target, params)
     counts = joint_counts(samples, VOCAB)
@@ -92,38 +96,38 @@ def test_engine_caches_match_forwards_from_scratch(pair):
     target, _ = pair
     model = CachedLM(target)
     model.reset(3)
-    prompt = torch.tensor([PROMPT] * 3)
+    prompt = torch.tensor([PROMPT] * 3, device=DEVICE)
     model.forward(prompt, torch.ones_like(prompt, dtype=torch.bool), last=1)
-    drafts = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 0, 1]])
+    drafts = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 0, 1]], device=DEVICE)
     model.forward(drafts, torch.ones_like(drafts, dtype=torch.bool), last=3)
-    model.forget_last(torch.tensor([0, 2, 1]))  # row 0 keeps all, row 1 one, row 2 two
-    pending = torch.tensor([[2, 6], [0, 6], [0, 5]])
-    valid = torch.tensor([[True, True], [False, True], [False, True]])
+    model.forget_last(torch.tensor([0, 2, 1], device=DEVICE))  # row 0 keeps all, row 1 one, row 2 two
+    pending = torch.tensor([[2, 6], [0, 6], [0, 5]], device=DEVICE)
+    valid = torch.tensor([[True, True], [False, True], [False, True]], device=DEVICE)
     logits = model.forward(pending, valid, last=1)[:, -1]
     rows = [PROMPT + [1, 2, 3, 2, 6], PROMPT + [4, 6], PROMPT + [7, 0, 5]]
     for row, tokens in enumerate(rows):
         with torch.no_grad():
-            scratch = target(torch.tensor([tokens])).logits[0, -1]
+            scratch = target(torch.tensor([tokens], device=DEVICE)).logits[0, -1]
         assert torch.allclose(logits[row], scratch, atol=1e-9), row
     assert model.lengths.tolist() == [len(r) for r in rows]
     # One row: forgetting is a plain rollback, the cache shrinks.
     model.reset(1)
-    ids = torch.tensor([PROMPT])
+    ids = torch.tensor([PROMPT], device=DEVICE)
     model.forward(ids, torch.ones_like(ids, dtype=torch.bool), last=1)
-    model.forget_last(torch.tensor([2]))
+    model.forget_last(torch.tensor([2], device=DEVICE))
     assert model.mask.shape[1] == len(PROMPT) - 2
 
 
 def test_temperature_zero_equals_plain_greedy():
     target, tokenizer = tiny_model(1)
-    draft, _ = tiny_model(2)
+    target, draft = target.to(DEVICE), tiny_model(2)[0].to(DEVICE)
     spec = LocalSpeculator(target, draft, tokenizer, gamma=4).generate("def add(a, b):", max_tokens=40, sampling=SamplingParams(0))
     self_draft = LocalSpeculator(target, target, tokenizer, gamma=4).generate("def add(a, b):", max_tokens=40, sampling=SamplingParams(0))
     ids = tokenizer("def add(a, b):", return_tensors="pt")["input_ids"]
     tokens = ids[0].tolist()
     while len(tokens) < ids.shape[1] + 40:
         with torch.no_grad():
-            tokens.append(int(target(torch.tensor([tokens])).logits[0, -1].argmax()))
+            tokens.append(int(target(torch.tensor([tokens], device=DEVICE)).logits[0, -1].argmax()))
         if tokens[-1] == tokenizer.eos_token_id:
             tokens.pop()
             break
@@ -139,7 +143,7 @@ def test_seeded_runs_reproduce(pair):
     assert torch.equal(run(7), run(7))
     assert not torch.equal(run(7), run(8))
     tiny, tokenizer = tiny_model(1)
-    single = LocalSpeculator(tiny, tiny_model(2)[0], tokenizer, gamma=3)
+    single = LocalSpeculator(tiny.to(DEVICE), tiny_model(2)[0].to(DEVICE), tokenizer, gamma=3)
     texts = [single.generate("The model", max_tokens=20, seed=s).text for s in (3, 3, 4)]
     assert texts[0] == texts[1] != texts[2]
 
@@ -147,7 +151,7 @@ def test_seeded_runs_reproduce(pair):
 def test_end_token_stops_a_row(pair):
     target, draft = pair
     engine = LocalSpeculator(target, draft, None, gamma=3)
-    engine.ends = torch.tensor([0])
+    engine.ends = torch.tensor([0], device=DEVICE)
     out = engine.sample_tokens(PROMPT, max_tokens=10, sampling=SETTINGS["T=1.0"], generator=as_generator(1), rows=200)
     for row in out.tolist():
         if 0 in row:
@@ -180,6 +184,11 @@ def model_folders(tmp_path_factory):
     return root
 
 
+# float32 on a GPU too: bf16 (the cuda default) changes the greedy text between
+# a 1-token and a (gamma+1)-token forward at near-ties, which is not what this tests.
+ON_DEVICE = [] if DEVICE.type == "cpu" else ["--device", DEVICE.type, "--dtype", "float32"]
+
+
 def _cli(capsys, *argv):
     try:
         code = main(list(argv))
@@ -192,7 +201,7 @@ def _cli(capsys, *argv):
 def test_cli_local_json_seeded_and_greedy_equals_plain(model_folders, tmp_path, capsys):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("def add(a, b):")
-    common = ["run", str(prompt), "--local", "--target-model", str(model_folders / "target"), "--max-tokens", "24", "--json"]
+    common = ["run", str(prompt), "--local", "--target-model", str(model_folders / "target"), "--max-tokens", "24", "--json", *ON_DEVICE]
     draft = ["--draft-model", str(model_folders / "draft")]
     code, out, err = _cli(capsys, *common, *draft, "--temperature", "0.8", "--top-p", "0.9", "--seed", "5")
     assert code == 0, err
@@ -212,7 +221,7 @@ def test_cli_local_streams_text_and_a_stats_line(model_folders, tmp_path, capsys
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("The model")
     code, out, err = _cli(capsys, "run", str(prompt), "--local", "--target-model", str(model_folders / "target"),
-                          "--draft-model", str(model_folders / "draft"), "--max-tokens", "16", "--seed", "1")
+                          "--draft-model", str(model_folders / "draft"), "--max-tokens", "16", "--seed", "1", *ON_DEVICE)
     assert code == 0
     assert "tokens/round" in err and "alpha" in err and "loading" in err
     assert out.endswith("\n") and len(out) > 1
