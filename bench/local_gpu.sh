@@ -20,11 +20,11 @@ else
   export PYTHONPATH=$PWD
 fi
 python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
-BSPEC_TEST_DEVICE=cuda timeout 170 python3 -m pytest -q -p no:cacheprovider -W ignore::FutureWarning \
+BSPEC_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider -W ignore::FutureWarning \
     tests/test_local_engine.py 2>&1 | tee "$OUT/local-engine-tests-cuda.log" | tail -25
 for pair in "qwen2.5-0.5b qwen2.5-7b" "qwen2.5-0.5b qwen2.5-1.5b"; do
   name="local-cuda-${pair// /-}"
-  timeout 160 python3 bench/local_target.py --random-init $pair --device cuda --alpha "$ALPHA" \
+  timeout 150 python3 bench/local_target.py --random-init $pair --device cuda --alpha "$ALPHA" \
       --gammas 1 2 4 6 --max-tokens 48 --cost-repeats 5 --out "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -30 \
       || echo "$name failed or timed out"
 done

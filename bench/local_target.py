@@ -192,6 +192,11 @@ def run_random(args: argparse.Namespace) -> dict:
         speculator = LocalSpeculator(target.model, draft.model, None, gamma=gamma)
         plain = LocalSpeculator(target.model, None, None)
         for name, engine in (("plain", plain), (f"gamma={gamma}", speculator)):
+            # An untimed run first: on CUDA the first run of each shape (kernel
+            # selection, allocator growth) was 5x slower than the next.
+            engine.sample_tokens(prompt, max_tokens=args.max_tokens, sampling=SamplingParams(1.0), generator=as_generator(1, args.device))
+            engine.target.forwards = 0
+            _sync(args.device)
             start = time.perf_counter()
             out = engine.sample_tokens(prompt, max_tokens=args.max_tokens, sampling=SamplingParams(1.0), generator=as_generator(1, args.device))
             _sync(args.device)

@@ -77,7 +77,7 @@ def test_engine_output_follows_the_target(pair, setting):
     params = SETTINGS[setting]
     engine = LocalSpeculator(target, draft, None, gamma=3)
     stats, local = GenerationStats(), LocalStats()
-    samples = engine.sample_tokens(PROMPT, max_tokens=3, sampling=params, generator=as_generator(2024), rows=SAMPLES, stats=stats, local=local).cpu()
+    samples = engine.sample_tokens(PROMPT, max_tokens=3, sampling=params, generator=as_generator(2024, DEVICE), rows=SAMPLES, stats=stats, local=local).cpu()
     assert (samples != NO_TOKEN).all()
     joint = target_joint(target, params)
     counts = joint_counts(samples, VOCAB)
@@ -139,8 +139,11 @@ def test_temperature_zero_equals_plain_greedy():
 def test_seeded_runs_reproduce(pair):
     target, draft = pair
     engine = LocalSpeculator(target, draft, None, gamma=3)
-    run = lambda seed: engine.sample_tokens(PROMPT, max_tokens=12, sampling=SETTINGS["T=0.7"], generator=as_generator(seed), rows=64)  # noqa: E731
+    run = lambda seed: engine.sample_tokens(PROMPT, max_tokens=12, sampling=SETTINGS["T=0.7"], generator=as_generator(seed, DEVICE), rows=64)  # noqa: E731
     assert torch.equal(run(7), run(7))
+    if DEVICE.type != "cpu":  # a CPU generator for CUDA models: one clear error, not torch's
+        with pytest.raises(ConfigurationError, match="as_generator"):
+            engine.sample_tokens(PROMPT, max_tokens=4, sampling=SETTINGS["T=0.7"], generator=as_generator(7))
     assert not torch.equal(run(7), run(8))
     tiny, tokenizer = tiny_model(1)
     single = LocalSpeculator(tiny.to(DEVICE), tiny_model(2)[0].to(DEVICE), tokenizer, gamma=3)
@@ -152,7 +155,7 @@ def test_end_token_stops_a_row(pair):
     target, draft = pair
     engine = LocalSpeculator(target, draft, None, gamma=3)
     engine.ends = torch.tensor([0], device=DEVICE)
-    out = engine.sample_tokens(PROMPT, max_tokens=10, sampling=SETTINGS["T=1.0"], generator=as_generator(1), rows=200)
+    out = engine.sample_tokens(PROMPT, max_tokens=10, sampling=SETTINGS["T=1.0"], generator=as_generator(1, DEVICE), rows=200)
     for row in out.tolist():
         if 0 in row:
             assert all(t == NO_TOKEN for t in row[row.index(0) + 1 :])

@@ -207,6 +207,11 @@ class LocalSpeculator:
             raise ConfigurationError("the prompt has no tokens")
         if len(prompt_ids) + max_tokens + self.gamma + 1 > self.max_positions:
             raise ConfigurationError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the target's {self.max_positions} positions")
+        if not _same_device(generator.device, self.target.device):
+            raise ConfigurationError(
+                f"the generator is on {generator.device} and the models on {self.target.device}; "
+                f"make it with as_generator(seed, {str(self.target.device)!r})"
+            )
         stats = stats if stats is not None else GenerationStats()
         local = local if local is not None else LocalStats()
         target, draft, device = self.target, self.draft, self.target.device
@@ -327,6 +332,11 @@ def _cut_after_end(tokens: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     is_end = torch.isin(tokens, ends).to(torch.int64)
     after_end = (torch.cumsum(is_end, 1) - is_end) > 0
     return tokens.masked_fill(after_end, NO_TOKEN)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """'cuda' (the current GPU) and 'cuda:0' may be one device."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
 def _synchronize(device: torch.device) -> None:
