@@ -446,7 +446,42 @@ class Proxy:
         kept["x-bspec"] = f'passthrough; reason="{reason}"'
         # Decoded bytes (aiter_bytes): a compressed upstream answer goes out
         # uncompressed, since its content-encoding header is not copied.
-        return StreamingResponse(response.aiter_bytes(), status_code=response.status_code, headers=kept, background=BackgroundTask(response.aclose))
+        # The upstream's bytes, but never the proxy's own key: an upstream
+        # that echoes the Authorization header in an error would show it.
+        body = redact_chunks(response.aiter_bytes(), self._api_key)
+        return StreamingResponse(body, status_code=response.status_code, headers=kept, background=BackgroundTask(response.aclose))
+
+
+async def redact_chunks(chunks: AsyncIterator[bytes], secret: str | None) -> AsyncIterator[bytes]:
+    """``chunks`` with every occurrence of ``secret`` replaced, also where it
+    is split across chunks.  Only a tail that could begin the secret is held
+    back until the next chunk, so an SSE event (ending in a blank line) is
+    never delayed."""
+    if not secret or len(secret) < 4:
+        async for chunk in chunks:
+            yield chunk
+        return
+    key, held = secret.encode(), b""
+    async for chunk in chunks:
+        text = (held + chunk).replace(key, b"***")
+        keep = _longest_start_of(key, text)
+        held = text[len(text) - keep :] if keep else b""
+        if len(text) > keep:
+            yield text[: len(text) - keep]
+    if held:
+        yield held
+
+
+def _longest_start_of(key: bytes, text: bytes) -> int:
+    """Length of the longest end of ``text`` that is a proper start of ``key``.
+
+    >>> _longest_start_of(b"sk-secret", b"data: sk-se"), _longest_start_of(b"sk-secret", b"done\\n\\n")
+    (5, 0)
+    """
+    for size in range(min(len(key) - 1, len(text)), 0, -1):
+        if text.endswith(key[:size]):
+            return size
+    return 0
 
 
 class _Feed:

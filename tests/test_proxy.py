@@ -128,6 +128,44 @@ async def test_what_cannot_be_speculated_is_passed_through_unchanged(sdks, upstr
     assert via.proxy.metrics.passed_through == {passthrough_reason("chat", request): 1}
 
 
+class _Chunks(httpx.AsyncByteStream):
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self):
+        for chunk in self.chunks:
+            yield chunk
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_passed_through_answer_never_shows_the_proxys_key(stream):
+    """An upstream that echoes the Authorization header: the key is cut out,
+    also where it is split across chunks, and the rest arrives unchanged."""
+    key = "sk-proxy-secret-0123456789"
+    seen: list[str] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["authorization"])
+        echoed = f'{{"error": {{"message": "bad key {request.headers["authorization"]} for {key}"}}}}'.encode()
+        if stream:
+            events = b"data: {\"x\": 1}\n\n" + echoed + b"\n\n"
+            cuts = [0, 5, events.index(b"sk-") + 3, events.index(b"sk-") + 10, events.rindex(b"sk-") + 1, len(events)]
+            return httpx.Response(401, stream=_Chunks([events[a:b] for a, b in zip(cuts, cuts[1:])]), headers={"content-type": "text/event-stream"})
+        return httpx.Response(401, content=echoed, headers={"content-type": "application/json"})
+
+    proxy = Proxy(UPSTREAM, key, transport=httpx.MockTransport(upstream))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(proxy.app()), base_url="http://proxy.test") as http:
+        body = {"model": "fake-model", "messages": chat_of("hi"), "temperature": 0.7, "stream": stream}
+        response = await http.post("/v1/chat/completions", json=body)
+    await proxy.aclose()
+    assert seen == [f"Bearer {key}"]  # the upstream did get the key
+    assert response.status_code == 401 and "passthrough" in response.headers["x-bspec"]
+    assert key not in response.text and response.text.count("***") == 2
+    assert "bad key Bearer *** for ***" in response.text
+    if stream:
+        assert response.text.startswith('data: {"x": 1}\n\n')
+
+
 async def test_models_are_listed_from_the_upstream(sdks):
     via, _ = sdks
     assert [m.id for m in (await via.models.list()).data] == ["fake-model"]
