@@ -19,6 +19,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 import httpx
 
+from ._cancel import cancel_once
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetHTTPError, TargetResponseError
 from ._stats import GenerationResult, GenerationStats
 from ._retry import RetryPolicy
@@ -43,17 +44,64 @@ class Capabilities:
 
 
 class GenerationStream:
-    """``async for piece in client.stream(...)``; ``.result`` fills as it goes."""
+    """``async for piece in client.stream(...)``; ``.result`` fills as it goes.
+
+    Each step of the generation, and its closing, runs in a task of its own.
+    A web framework that cancels the reader's task over and over (anyio's
+    cancel scopes in starlette/FastAPI, when the caller goes away) would
+    otherwise cancel the cleanup too: the upstream requests stayed open, one
+    checked out of the connection pool, the server still generating.  In its
+    own task the cleanup finishes; where the reader may wait, it does.
+    """
 
     def __init__(self, pieces: AsyncIterator[str], result: GenerationResult) -> None:
         self._pieces = pieces
         self.result = result
+        self._step: asyncio.Future | None = None
+        self._closing: asyncio.Future | None = None
 
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._pieces
+    def __aiter__(self) -> "GenerationStream":
+        return self
+
+    async def __anext__(self) -> str:
+        step = self._step = asyncio.ensure_future(self._next())
+        step.add_done_callback(_retrieve)  # read below, or by nobody once the reader left
+        try:
+            # Not ``await step``: every cancellation of a task awaiting a task
+            # is passed on to it, so repeated ones would break its cleanup.
+            await asyncio.wait({step})
+        except asyncio.CancelledError:
+            cancel_once(step)  # once: the step closes the generation's requests ...
+            await _finish(step)  # ... and the reader waits for that, where it may
+            raise
+        return step.result()
+
+    async def _next(self) -> str:
+        return await self._pieces.__anext__()
 
     async def aclose(self) -> None:
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await _finish(self._closing)
+        self._closing.result()
+
+    async def _close(self) -> None:
+        step = self._step
+        if step is not None and not step.done():  # a reader that left mid-step
+            cancel_once(step)
+            await asyncio.wait({step})
         await self._pieces.aclose()  # type: ignore[attr-defined]
+
+
+async def _finish(task: asyncio.Future) -> None:
+    """Wait for ``task`` to end, which it does even if this wait is cancelled."""
+    if not task.done():
+        await asyncio.wait({task})
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()  # marks it retrieved; the reader re-raises it where it still waits
 
 
 class SpecClient:

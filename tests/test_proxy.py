@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from blackbox_spec import SpecClient
 from blackbox_spec.bench.load import run_load
 from blackbox_spec.proxy import Proxy, passthrough_reason, running
 from blackbox_spec.testing import FakeTarget
@@ -283,6 +284,68 @@ def test_a_client_that_goes_away_cancels_the_upstream_work(served_upstream, stre
     assert len(fake.requests) == requests_then  # nothing new was started
     assert metrics["disconnected"] == 1 and metrics["in_progress"] == 0
     assert sum(len(r.get("_rendered", "")) for r in fake.requests) > 0
+
+
+class _Embedded:
+    """A user's own starlette app that streams a ``SpecClient`` generation:
+    what FastAPI endpoints do.  Served by ``running`` like the proxy."""
+
+    def __init__(self, url: str, close_in_endpoint: bool) -> None:
+        self.url, self.close_in_endpoint, self.client = url, close_in_endpoint, None
+
+    def app(self):
+        from starlette.applications import Starlette
+        from starlette.responses import StreamingResponse
+        from starlette.routing import Route
+
+        async def endpoint(request):
+            if self.client is None:  # made in the server's own event loop
+                self.client = SpecClient(self.url, None, "fake-model", drafter="ngram")
+            stream = self.client.stream(PROMPTS["prose"] * 3, max_tokens=2000)
+
+            async def body():
+                try:
+                    async for piece in stream:
+                        yield piece
+                finally:
+                    if self.close_in_endpoint:  # runs inside starlette's cancelled scope
+                        await stream.aclose()
+            return StreamingResponse(body(), media_type="text/plain")
+
+        app = Starlette(routes=[Route("/v1/generate", endpoint, methods=["POST"])])
+
+        async def asgi_2_3(scope, receive, send):
+            # ASGI 2.3 (what uvicorn 0.54 says itself; pinned so that this
+            # stays the case tested): starlette watches for the disconnect
+            # and cancels the response's scope, so cleanup runs under
+            # repeated cancellation.  From 2.4 on it stops at a failed send
+            # and leaves the iterator to the endpoint's code or the GC.
+            if scope["type"] == "http":
+                scope = {**scope, "asgi": {**scope.get("asgi", {}), "spec_version": "2.3"}}
+            await app(scope, receive, send)
+        return asgi_2_3
+
+
+@pytest.mark.parametrize("close_in_endpoint", [True, False])
+def test_a_spec_client_stream_in_a_users_starlette_app_stops_when_its_caller_leaves(served_upstream, close_in_endpoint):
+    """The httpcore trap the proxy hit, met by a user's own endpoint: the
+    stream's cleanup runs inside starlette's cancelled scope (or is left to
+    the garbage collector).  Its upstream requests must still close at once."""
+    fake, url = served_upstream
+    with running(_Embedded(url, close_in_endpoint)) as base:
+        with httpx.Client(base_url=base, timeout=httpx.Timeout(30, read=1.0)) as http:
+            with http.stream("POST", "/generate") as response:
+                deadline = time.monotonic() + 5
+                for _ in response.iter_bytes():
+                    if in_flight(url) >= 1 and time.monotonic() > deadline - 4:
+                        break
+                    assert time.monotonic() < deadline, "the upstream never had a request in flight"
+            gone = time.monotonic()
+        idle_after = _wait_idle(url) - gone
+        requests_then = len(fake.requests)
+        time.sleep(0.5)
+        assert idle_after < 3.0, idle_after
+        assert len(fake.requests) == requests_then  # nothing new was started
 
 
 @pytest.fixture(scope="module")
