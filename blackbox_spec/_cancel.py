@@ -19,7 +19,7 @@ from typing import AsyncIterator, Awaitable, Callable
 import httpx
 
 _cancelled: "weakref.WeakSet[asyncio.Future]" = weakref.WeakSet()
-_closing: set[asyncio.Future] = set()  # shielded closes still running: kept alive
+_closing: set[asyncio.Future] = set()  # tasks of in_own_task still running: kept alive
 
 
 def cancel_once(task: asyncio.Future) -> None:
@@ -30,13 +30,19 @@ def cancel_once(task: asyncio.Future) -> None:
         task.cancel()
 
 
+def in_own_task(work: Awaitable) -> asyncio.Future:
+    """``work`` as a task of its own, kept alive until it ends (the event
+    loop holds tasks weakly, and its caller may be gone by then)."""
+    task = asyncio.ensure_future(work)
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+    return task
+
+
 async def close_shielded(close: Callable[[], Awaitable[None]]) -> None:
     """Run ``close()`` to its end even if the caller is cancelled meanwhile
     (the caller still sees the cancellation at once)."""
-    task = asyncio.ensure_future(close())
-    _closing.add(task)
-    task.add_done_callback(_closing.discard)
-    await asyncio.shield(task)
+    await asyncio.shield(in_own_task(close()))
 
 
 class _ShieldedStream(httpx.AsyncByteStream):

@@ -19,7 +19,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 import httpx
 
-from ._cancel import cancel_once
+from ._cancel import cancel_once, in_own_task
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetHTTPError, TargetResponseError
 from ._stats import GenerationResult, GenerationStats
 from ._retry import RetryPolicy
@@ -64,7 +64,7 @@ class GenerationStream:
         return self
 
     async def __anext__(self) -> str:
-        step = self._step = asyncio.ensure_future(self._next())
+        step = self._step = in_own_task(self._next())
         step.add_done_callback(_retrieve)  # read below, or by nobody once the reader left
         try:
             # Not ``await step``: every cancellation of a task awaiting a task
@@ -81,7 +81,7 @@ class GenerationStream:
 
     async def aclose(self) -> None:
         if self._closing is None:
-            self._closing = asyncio.ensure_future(self._close())
+            self._closing = in_own_task(self._close())
         await _finish(self._closing)
         self._closing.result()
 
