@@ -73,7 +73,15 @@ class GenerationStream:
         except asyncio.CancelledError:
             cancel_once(step)  # once: the step closes the generation's requests ...
             await _finish(step)  # ... and the reader waits for that, where it may
-            raise
+            if step.cancelled() or step.exception() is not None:
+                raise
+            # The piece was made before the cancel reached the step, and it is
+            # in ``result`` already: hand it over too (nothing generated is
+            # lost), and let the cancel land at the reader's next await.
+            reader = asyncio.current_task()
+            if reader is not None:
+                reader.uncancel()  # one cancel pending, as before (asyncio.timeout counts them)
+                reader.cancel()
         return step.result()
 
     async def _next(self) -> str:

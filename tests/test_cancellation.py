@@ -17,7 +17,8 @@ import time
 import httpx
 import pytest
 
-from blackbox_spec import SpecClient
+from blackbox_spec import GenerationResult, GenerationStats, SpecClient
+from blackbox_spec.client import GenerationStream
 from blackbox_spec.testing import FakeTarget
 
 from .conftest import PROMPTS, in_flight, over_http
@@ -104,6 +105,44 @@ async def test_cancelling_the_task_closes_every_request(slow_server, strategy):
     assert in_flight(url) == 0  # the server noticed and stopped writing
 
 
+async def test_a_piece_made_as_the_reader_is_cancelled_is_still_handed_over():
+    """The step had made its piece (and ``result`` holds it) when the cancel
+    came: the reader gets it, and the cancel lands at its next await, so what
+    was shown stays what the result holds."""
+    result = GenerationResult("", GenerationStats())
+
+    async def pieces():
+        for piece in ("first", "second"):
+            result.text += piece
+            yield piece
+        await asyncio.sleep(10)
+
+    stream = GenerationStream(pieces(), result)
+    shown: list[str] = []
+
+    async def read() -> None:
+        async for piece in stream:
+            shown.append(piece)
+
+    reader = asyncio.create_task(read())
+    while len(shown) < 1 or stream._step is None or not stream._step.done() or stream._step.result() != "second":
+        await asyncio.sleep(0)
+    reader.cancel()  # "second" is made, the reader has not resumed yet
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert shown == ["first", "second"] and result.text == "firstsecond"
+    await stream.aclose()
+
+    # And under asyncio.timeout the same cancel is still a TimeoutError.
+    result = GenerationResult("", GenerationStats())
+    stream = GenerationStream(pieces(), result)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            async for piece in stream:
+                pass
+    await stream.aclose()
+
+
 async def test_closing_the_stream_early_is_an_interruption_too(slow_server):
     fake, url = slow_server
     transport = CountingTransport()
@@ -134,12 +173,21 @@ def test_ctrl_c_in_the_cli_reports_the_partial_text(slow_server, tmp_path, as_js
     before = len(fake.requests)
     process = _bspec(url, str(path), *(["--json"] if as_json else []))
     deadline = time.time() + 60
-    while len(fake.requests) < before + 4 and time.time() < deadline:  # the probe, then generation
+    while not (len(fake.requests) >= before + 4 and in_flight(url) >= 1) and time.time() < deadline:  # the probe, then generation
         time.sleep(0.02)
+    shown = b""
+    if not as_json:  # interrupt once text is on the screen (a loaded machine may take a while)
+        os.set_blocking(process.stdout.fileno(), False)
+        while not shown and time.time() < deadline:
+            shown = process.stdout.read() or b""
+            time.sleep(0.02)
     time.sleep(0.3)
     process.send_signal(signal.SIGINT)
     asked = time.time()
+    if not as_json:
+        os.set_blocking(process.stdout.fileno(), True)
     stdout, stderr = process.communicate(timeout=30)
+    stdout = shown + stdout
     took = time.time() - asked
     assert process.returncode == 130, stderr.decode()
     assert took < 3.0
