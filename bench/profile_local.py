@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from local_target import _sync, random_model  # noqa: E402
 
 from blackbox_spec import GenerationStats  # noqa: E402
-from blackbox_spec.local import CachedLM, LocalSpeculator, LocalStats, SamplingParams  # noqa: E402
+from blackbox_spec.local import LocalSpeculator, LocalStats, SamplingParams  # noqa: E402
 from blackbox_spec.local.sampling import as_generator  # noqa: E402
 
 

@@ -21,7 +21,7 @@ the target confirmed is lost.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, AsyncIterator
 
 
 class BlackboxSpecError(Exception):
@@ -80,8 +80,47 @@ class TargetResponseError(TargetError):
     """The server's answer is not what the OpenAI API describes."""
 
 
+_MASK = "***"
+
+
+def _secret(secret: str | None) -> bool:
+    return bool(secret) and len(secret) >= 4  # shorter ones would mangle ordinary text
+
+
 def redact(text: str, secret: str | None) -> str:
     """Replace every occurrence of ``secret`` in ``text``."""
-    if secret and len(secret) >= 4:
-        text = text.replace(secret, "***")
+    if _secret(secret):
+        text = text.replace(secret, _MASK)
     return text
+
+
+async def redact_chunks(chunks: AsyncIterator[bytes], secret: str | None) -> AsyncIterator[bytes]:
+    """``chunks`` with every occurrence of ``secret`` replaced, also where it
+    is split across chunks.  Only a tail that could begin the secret is held
+    back until the next chunk, so an SSE event (ending in a blank line) is
+    never delayed."""
+    if not _secret(secret):
+        async for chunk in chunks:
+            yield chunk
+        return
+    key, held = secret.encode(), b""
+    async for chunk in chunks:
+        text = (held + chunk).replace(key, _MASK.encode())
+        keep = _longest_start_of(key, text)
+        held = text[len(text) - keep :] if keep else b""
+        if len(text) > keep:
+            yield text[: len(text) - keep]
+    if held:
+        yield held
+
+
+def _longest_start_of(key: bytes, text: bytes) -> int:
+    """Length of the longest end of ``text`` that is a proper start of ``key``.
+
+    >>> _longest_start_of(b"sk-secret", b"data: sk-se"), _longest_start_of(b"sk-secret", b"done\\n\\n")
+    (5, 0)
+    """
+    for size in range(min(len(key) - 1, len(text)), 0, -1):
+        if text.endswith(key[:size]):
+            return size
+    return 0

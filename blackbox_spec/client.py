@@ -95,9 +95,9 @@ class GenerationStream:
 
     async def _close(self) -> None:
         step = self._step
-        if step is not None and not step.done():  # a reader that left mid-step
+        if step is not None:  # a reader that left mid-step
             cancel_once(step)
-            await asyncio.wait({step})
+            await _finish(step)
         await self._pieces.aclose()  # type: ignore[attr-defined]
 
 

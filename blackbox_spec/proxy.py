@@ -37,7 +37,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 
 import httpx
 
-from ._exceptions import BlackboxSpecError, ConfigurationError, TargetHTTPError, redact
+from ._exceptions import BlackboxSpecError, ConfigurationError, TargetHTTPError, redact, redact_chunks
 from ._stats import GenerationResult, GenerationStats
 from .client import GenerationStream, SpecClient
 
@@ -452,38 +452,6 @@ class Proxy:
         return StreamingResponse(body, status_code=response.status_code, headers=kept, background=BackgroundTask(response.aclose))
 
 
-async def redact_chunks(chunks: AsyncIterator[bytes], secret: str | None) -> AsyncIterator[bytes]:
-    """``chunks`` with every occurrence of ``secret`` replaced, also where it
-    is split across chunks.  Only a tail that could begin the secret is held
-    back until the next chunk, so an SSE event (ending in a blank line) is
-    never delayed."""
-    if not secret or len(secret) < 4:
-        async for chunk in chunks:
-            yield chunk
-        return
-    key, held = secret.encode(), b""
-    async for chunk in chunks:
-        text = (held + chunk).replace(key, b"***")
-        keep = _longest_start_of(key, text)
-        held = text[len(text) - keep :] if keep else b""
-        if len(text) > keep:
-            yield text[: len(text) - keep]
-    if held:
-        yield held
-
-
-def _longest_start_of(key: bytes, text: bytes) -> int:
-    """Length of the longest end of ``text`` that is a proper start of ``key``.
-
-    >>> _longest_start_of(b"sk-secret", b"data: sk-se"), _longest_start_of(b"sk-secret", b"done\\n\\n")
-    (5, 0)
-    """
-    for size in range(min(len(key) - 1, len(text)), 0, -1):
-        if text.endswith(key[:size]):
-            return size
-    return 0
-
-
 class _Feed:
     """A generation running in a task of its own, read piece by piece.
 
@@ -499,10 +467,9 @@ class _Feed:
         self._task = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
-        # The generation is opened, read and closed in this task only.  (Closing
-        # it from the response's task would run its cleanup inside starlette's
-        # cancelled scope, whose repeated cancellations left an httpcore
-        # connection checked out, still streaming from the upstream.)
+        # The generation is opened, read and closed in this task only, and it
+        # reads ahead of the response by up to ``depth`` pieces.  (Cleanup
+        # under starlette's repeated cancellations is GenerationStream's job.)
         try:
             async with aclosing(self._stream):  # type: ignore[type-var]
                 async for piece in self._stream:
