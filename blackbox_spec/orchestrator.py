@@ -435,14 +435,20 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
         close_group()
         end_group()
         await streams.aclose()
+    extra = 0
+    if not split and end is not None and out.finish_reason is None:
+        extra = max(0, (end.usage.completion_tokens or len(main.live.tokens)) - main.live.used_tokens)
+        # A promoted branch was given the budget left when it was opened, more
+        # than was left at its offset: its rest may run past max_tokens, and
+        # text without token strings (byte-split characters) cannot be cut by
+        # tokens.  Then the end comes from a plain call from here instead.
+        split = out.tokens + extra > out.max_tokens
     if split:
         await _finish_plainly(api, out, stats)
     elif end is not None and out.finish_reason is None:
         # The stream ran to its end: the rest of its text is the server's own
         # rendering of a plain call (a cut inside a character included).
         rest = main.live.rest
-        billed = end.usage.completion_tokens
-        extra = max(0, (billed or len(main.live.tokens)) - main.live.used_tokens)
         out.tokens += extra
         used_tokens += extra
         out.add_text(rest)
