@@ -42,6 +42,9 @@ class GenerationStats:
     verify_s: float = 0.0
     strategy_rounds: dict[str, int] = field(default_factory=dict)
     finish_reason: str | None = None
+    # The server's stop rule the stop strings were replayed with, when
+    # there were several (``_stopping.RULES``).
+    stop_rule: str | None = None
     # The generation was cancelled (a cancelled task, Ctrl-C) before its end;
     # its text is what the target had confirmed by then.
     interrupted: bool = False

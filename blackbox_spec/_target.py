@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
 
 import httpx
@@ -31,7 +31,7 @@ from ._exceptions import (
 )
 from ._cancel import ShieldedCloseTransport
 from ._retry import RetryPolicy, parse_retry_after
-from ._tokens import Unit, align_tokens
+from ._tokens import OPAQUE, Unit, align_tokens, is_token_id, mark_inexact, with_last_bytes
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -76,6 +76,9 @@ class StreamPiece:
 
     text: str
     tokens: list[str] | None = None
+    # Each token's own length in bytes, where the server says (llama.cpp's
+    # top candidates carry their bytes; its stop window counts them).
+    own_bytes: list[int | None] | None = None
 
 
 @dataclass
@@ -153,6 +156,13 @@ class TargetAPI:
         self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
         self.in_flight = 0
         self.peak_in_flight = 0
+        self._tokenizes: str | bool | None = None  # how /tokenize is asked ("vllm", "llama"), False: it isn't there
+        # Seen to list fewer tokens than it generated (llama.cpp leaves out
+        # the pieces of split characters): unit counts are then lower bounds.
+        self.omits_pieces = False
+        self.server_kind: str | None = None  # "llama.cpp" where its answers say so (their "timings")
+        self._detokenizes: bool | None = None
+        self._token_names: dict[str, str] = {}  # "token_id:N" -> its text (see _name_token_ids)
 
     def __repr__(self) -> str:  # never show the key
         return f"TargetAPI(base_url={self.base_url!r}, model={self.model!r})"
@@ -235,6 +245,72 @@ class TargetAPI:
             raise TargetResponseError(self._fail(f"{self.base_url} answered with a JSON {type(data).__name__}, not an object"))
         return data
 
+    @property
+    def root(self) -> str:
+        """The server's root, where vLLM and llama.cpp serve ``/tokenize``."""
+        return self._url[: -len("/v1")] if self._url.endswith("/v1") else self._url
+
+    async def _root_post(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """A call at the server's root (``/tokenize``, ``/detokenize``); None
+        where the server has no such endpoint or answers oddly."""
+        try:
+            async with self._slot():
+                response = await self._client.post(self.root + path, json=body, headers=self._headers)
+            data = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    async def tokenize(self, text: str) -> list[int] | None:
+        """The server's own tokens for ``text`` (vLLM's or llama.cpp's
+        ``/tokenize``), without special tokens; None where it has none."""
+        shapes = {
+            "vllm": {"model": self.model, "prompt": text, "add_special_tokens": False},
+            "llama": {"content": text, "add_special": False},
+        }
+        for shape in [self._tokenizes] if self._tokenizes else list(shapes) if self._tokenizes is None else []:
+            data = await self._root_post("/tokenize", shapes[shape])
+            tokens = data.get("tokens") if data else None
+            if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
+                self._tokenizes = shape
+                return tokens
+        if self._tokenizes is None:
+            self._tokenizes = False
+        return None
+
+    async def count_tokens(self, prompt: str, text: str) -> int | None:
+        """How many tokens the target made ``text`` of, after ``prompt``: the
+        server's own tokenization of both, where the prompt's tokens stay
+        a prefix (they do on the greedy path, which speculation assumes
+        anyway: every round sends the text back to be tokenized).  None
+        where the server can't tokenize."""
+        whole, head = await asyncio.gather(self.tokenize(prompt + text), self.tokenize(prompt))
+        if whole is None or head is None or whole[: len(head)] != head:
+            return None
+        return len(whole) - len(head)
+
+    async def _name_token_ids(self, data: Any) -> None:
+        """vLLM's ``--return-tokens-as-token-ids`` shows tokens as
+        ``"token_id:N"``: each is named by ``/detokenize`` (once per id and
+        client), so it can be placed in the text like any token string.
+        Without ``/detokenize`` the ids stay (an answer is then one unit)."""
+        strings = [s for s in _token_strings(data) if is_token_id(s)]
+        unknown = {s for s in strings if s not in self._token_names}
+        if not unknown or self._detokenizes is False:
+            return
+
+        async def name(token: str) -> None:
+            answer = await self._root_post("/detokenize", {"model": self.model, "tokens": [int(token.split(":", 1)[1])]})
+            text = answer.get("prompt") if answer else None
+            if isinstance(text, str):
+                self._token_names[token] = text
+            else:
+                self._detokenizes = False
+
+        await asyncio.gather(*(name(token) for token in unknown))
+        if self._token_names:
+            _rename_tokens(data, self._token_names)
+
     async def list_models(self) -> list[str]:
         response = await self._request("GET", "/models")
         data = self._json(response).get("data") or []
@@ -260,6 +336,7 @@ class TargetAPI:
         started = time.perf_counter()
         response = await self._post("/completions", body)
         data = self._json(response)
+        await self._name_token_ids(data)
         return self._parse(data, prompt if echo else None, time.perf_counter() - started)
 
     async def chat(
@@ -281,6 +358,7 @@ class TargetAPI:
         started = time.perf_counter()
         response = await self._post("/chat/completions", body)
         data = self._json(response)
+        await self._name_token_ids(data)
         return self._parse(data, None, time.perf_counter() - started, chat=True, repeated=repeated)
 
     def _chat_body(self, messages: list[dict[str, Any]], max_tokens: int, logprobs: bool, stop: list[str] | None, extra: dict[str, Any] | None) -> dict[str, Any]:
@@ -311,6 +389,9 @@ class TargetAPI:
                 raise TypeError("prompt_logprobs is not a list")
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise TargetResponseError(self._fail(f"malformed completion from {self.base_url}: {type(exc).__name__}: {exc}")) from None
+        if "timings" in data:  # llama.cpp's server: it lists only tokens that finish a character
+            self.server_kind = "llama.cpp"
+            self.omits_pieces = True
         echoed = echoed_prompt is not None and full.startswith(echoed_prompt)
         text = full[len(echoed_prompt):] if echoed else full
         completion = Completion(text, finish, usage, elapsed, echoed=echoed, prompt_logprobs=prompt_logprobs)
@@ -320,6 +401,14 @@ class TargetAPI:
             completion.prompt_units, completion.units = _split_echo(full, len(echoed_prompt), tokens, lps, tops, usage)
         else:
             completion.units = _align_generated(text, tokens, lps, tops)
+            # Fewer tokens listed than generated: the server leaves out the
+            # pieces of characters (llama.cpp), so counts are lower bounds.
+            left_out = usage.completion_tokens - len(tokens) if usage.completion_tokens else None
+            if left_out is not None and left_out > 0:
+                self.omits_pieces = True
+            if self.omits_pieces:
+                completion.units = mark_inexact(completion.units, left_out if left_out is not None and not text.endswith(OPAQUE) else None)
+                completion.units = with_last_bytes(completion.units, own_bytes(choice.get("logprobs")))
         return completion
 
     async def _open_stream(self, path: str, body: dict[str, Any]) -> tuple[contextlib.AsyncExitStack, httpx.Response]:
@@ -384,7 +473,10 @@ class TargetAPI:
                         complete = True
                         break
                     try:
-                        pieces, finish, usage = _parse_chunk(json.loads(payload), with_tokens)
+                        chunk = json.loads(payload)
+                        if with_tokens:
+                            await self._name_token_ids(chunk)
+                        pieces, finish, usage = _parse_chunk(chunk, with_tokens)
                     except (ValueError, TypeError, AttributeError, KeyError) as exc:
                         raise TargetResponseError(self._fail(f"malformed stream chunk from {self.base_url}: {type(exc).__name__}")) from None
                     if usage is not None:
@@ -407,6 +499,39 @@ class TargetAPI:
             # orchestrator resumes from the last whole token it accepted).
             raise TargetConnectionError(self._fail(f"stream from {self.base_url} broke: {exc or type(exc).__name__}"), retryable=True) from None
         yield end
+
+
+def _logprob_blocks(data: Any) -> list[dict]:
+    """The ``logprobs`` objects of an answer or a stream chunk."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    return [c["logprobs"] for c in choices or [] if isinstance(c, dict) and isinstance(c.get("logprobs"), dict)]
+
+
+def _token_strings(data: Any) -> list[str]:
+    """Every token string in an answer's logprobs (tokens and top entries)."""
+    strings: list[str] = []
+    for lp in _logprob_blocks(data):
+        strings += [t for t in lp.get("tokens") or [] if isinstance(t, str)]
+        strings += [k for top in lp.get("top_logprobs") or [] if isinstance(top, dict) for k in top]
+        for entry in lp.get("content") or []:
+            if isinstance(entry, dict):
+                strings += [entry.get("token")] + [t.get("token") for t in entry.get("top_logprobs") or [] if isinstance(t, dict)]
+    return [s for s in strings if isinstance(s, str)]
+
+
+def _rename_tokens(data: Any, names: dict[str, str]) -> None:
+    """Replace token strings in place (keys of top dicts too)."""
+    for lp in _logprob_blocks(data):
+        if isinstance(lp.get("tokens"), list):
+            lp["tokens"] = [names.get(t, t) if isinstance(t, str) else t for t in lp["tokens"]]
+        if isinstance(lp.get("top_logprobs"), list):
+            lp["top_logprobs"] = [{names.get(k, k): v for k, v in top.items()} if isinstance(top, dict) else top for top in lp["top_logprobs"]]
+        for entry in lp.get("content") or []:
+            if isinstance(entry, dict):
+                entry["token"] = names.get(entry.get("token"), entry.get("token"))
+                for t in entry.get("top_logprobs") or []:
+                    if isinstance(t, dict):
+                        t["token"] = names.get(t.get("token"), t.get("token"))
 
 
 def _usage(raw: Any) -> Usage | None:
@@ -434,9 +559,25 @@ def _parse_chunk(chunk: Any, with_tokens: bool) -> tuple[list[StreamPiece], str 
             raise TypeError("text is not a string")
         tokens = _logprob_lists(choice.get("logprobs"))[0] if with_tokens else None
         if text or tokens:
-            pieces.append(StreamPiece(text, tokens))
+            pieces.append(StreamPiece(text, tokens, own_bytes(choice.get("logprobs")) if with_tokens else None))
         finish = choice.get("finish_reason") or finish
     return pieces, finish, _usage(chunk.get("usage"))
+
+
+def own_bytes(logprobs: Any) -> list[int | None] | None:
+    """Per ``content`` entry, the chosen token's own length in bytes: its top
+    candidate's ``bytes`` (greedy: the token itself).  llama.cpp lists an
+    entry per token that finishes a character, with the text of the pieces
+    before it, so this is the only place the token's own size shows."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list):
+        return None
+    sizes: list[int | None] = []
+    for entry in content:
+        tops = [t for t in (entry.get("top_logprobs") or []) if isinstance(t, dict) and isinstance(t.get("bytes"), list)] if isinstance(entry, dict) else []
+        best = max(tops, key=lambda t: t.get("logprob") or float("-inf"), default=None)
+        sizes.append(len(best["bytes"]) if best is not None else None)
+    return sizes
 
 
 def _logprob_lists(logprobs: Any) -> tuple[list[str] | None, list, list]:
@@ -464,8 +605,26 @@ def _logprob_lists(logprobs: Any) -> tuple[list[str] | None, list, list]:
 
 
 def _align_generated(text: str, tokens: list[str], lps: list, tops: list) -> list[Unit]:
-    units = align_tokens(text, tokens, lps, tops)
-    return [u for u in units if not u.special]
+    return fold_specials(align_tokens(text, tokens, lps, tops))
+
+
+def fold_specials(units: list[Unit]) -> list[Unit]:
+    """Generated units without zero-width special tokens.  One inside the text
+    still counts against max_tokens, so it joins the unit after it; trailing
+    ones (the end-of-text token) are left out: ``Completion.eos`` says so."""
+    folded: list[Unit] = []
+    held = 0
+    for unit in units:
+        if unit.special:
+            held += unit.tokens
+            continue
+        if held:
+            steps = ("",) * held + unit.steps if unit.steps is not None else None
+            sizes = (0,) * held + unit.sizes if unit.sizes is not None else None
+            unit = replace(unit, tokens=unit.tokens + held, matches=False, correction=None, steps=steps, sizes=sizes)
+            held = 0
+        folded.append(unit)
+    return folded
 
 
 def _split_echo(full: str, prompt_len: int, tokens: list[str], lps: list, tops: list, usage: Usage) -> tuple[list[Unit], list[Unit]]:
@@ -479,7 +638,7 @@ def _split_echo(full: str, prompt_len: int, tokens: list[str], lps: list, tops: 
     if split is None:  # no usage: find the token that ends at the prompt's end
         units = align_tokens(full, tokens, lps, tops)
         prompt_units = [u for u in units if u.end <= prompt_len and not (u.special and u.start == prompt_len)]
-        return prompt_units, [u for u in units[len(prompt_units):] if not u.special]
-    prompt_units = align_tokens(full[:prompt_len], tokens[:split], lps[:split], tops[:split])
+        return prompt_units, fold_specials(units[len(prompt_units):])
+    prompt_units = align_tokens(full[:prompt_len], tokens[:split], lps[:split], tops[:split], prompt=True)
     generated = align_tokens(full[prompt_len:], tokens[split:], lps[split:], tops[split:])
-    return prompt_units, [u for u in generated if not u.special]
+    return prompt_units, fold_specials(generated)

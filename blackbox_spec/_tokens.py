@@ -9,14 +9,30 @@ So the rule of this library is:
     target itself produced (or confirmed, in echo mode), as reported by the
     token strings in the server's logprobs, and never inside a character.
 
-We learn token boundaries only from logprobs token strings.  Those strings
-cannot always be placed in the text: a token that is not valid UTF-8 on its
-own (a piece of a CJK character or an emoji) is shown as ``"\\ufffd"`` (vLLM),
-``""`` or ``"bytes:\\xe4"``, and ``text_offset`` is then wrong.  So we do not
-trust ``text_offset``: :func:`align_tokens` walks the tokens over the text we
-know, and groups each run of such *opaque* tokens into one unit whose span is
-found from the next readable token.  Cuts inside a run are never safe, which
-is exactly "never split a Unicode character".
+We learn token boundaries only from logprobs token strings, and those are
+lossy where a byte-level tokenizer splits a character over several tokens.
+Each server shows such a token its own way:
+
+* older vLLM and HF ``decode([id])``: the token decoded alone, its broken
+  bytes shown as ``"\\ufffd"`` (one per byte, or one per broken sequence),
+  whole characters next to them kept (``"\\ufffd文本"``);
+* current vLLM (``_correct_decoded_token``): ``""`` for a token that ends
+  inside a character, and the completing token shows the text of the
+  pieces before it too (``["", "中文"]``), or still starts with
+  ``"\\ufffd"`` when those began inside a character;
+* OpenAI: ``"bytes:\\\\xe4\\\\xb8"``; llama.cpp: ``"byte: \\\\xe4"`` (exact bytes);
+* llama.cpp's server leaves out the tokens that left the text unfinished,
+  and the next one shows the whole character (see ``_target``'s counts);
+* vLLM with ``--return-tokens-as-token-ids``: ``"token_id:N"`` (no text at
+  all; ``TargetAPI`` looks them up with ``/detokenize`` where it can).
+
+So ``text_offset`` is never trusted and token strings are not simply
+concatenated.  :func:`align_tokens` places the tokens over the text's UTF-8
+*bytes*: a readable token matches its bytes exactly, a lossy one any byte
+span that it could be the rendering of.  Where that leaves several
+placements, only the cuts that **every** placement agrees on are used, so
+an ambiguity costs a bigger unit (speed), never a wrong cut (exactness).
+Cuts inside a character are never safe, which is "never split a character".
 
 Special tokens that are not in the text (``<|im_end|>``, ``<s>``) are
 zero-width.  A trailing one after the text is how vLLM's echo shows the
@@ -26,12 +42,19 @@ end-of-text token; callers treat it as "the target ended here".
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ._exceptions import TargetResponseError
 
 OPAQUE = "\ufffd"
 _SPECIAL = re.compile(r"^<[|｜]?[\w\-▁./: ]{1,40}[|｜]?>$|^\[[A-Z_]{2,20}\]$")
+_BYTE_FORM = re.compile(r"^(?:bytes:|byte: )((?:\\x[0-9a-fA-F]{2})+)$")
+_TOKEN_ID = re.compile(r"^token_id:-?\d+$")
+_OPAQUE_RUN = re.compile("\ufffd+")
+# A token that ends inside a character holds at most this many bytes (a
+# vocabulary's longest such pieces are a few characters and a lead byte).
+_MAX_HIDDEN_BYTES = 64
+_PENDING = -1  # a token whose bytes run past the text a stream has shown so far
 
 
 class AlignmentError(TargetResponseError):
@@ -42,8 +65,12 @@ class AlignmentError(TargetResponseError):
 class Unit:
     """The smallest piece of text we may accept or reject as a whole.
 
-    A readable token is one unit (``tokens == 1``).  A run of opaque tokens is
-    one unit covering whole characters (``tokens`` == the run's length).
+    A readable token is one unit (``tokens == 1``).  Tokens that split
+    characters between them form one unit covering whole characters
+    (``tokens`` == how many).  ``steps``: the text the server showed after
+    each of its tokens ("" for one held back inside a character), and
+    ``sizes``: each token's length in bytes, when certain (the stop rules
+    replay the server token by token with them).
     ``matches`` is True when the target's own top choice at every position of
     the unit was the unit's token (echo mode); None when unknown.
     ``correction`` is the target's top token text at the first position
@@ -56,6 +83,19 @@ class Unit:
     special: bool = False
     matches: bool | None = None
     correction: str | None = None
+    sizes: tuple[int, ...] | None = None
+    steps: tuple[str, ...] | None = None
+    # False where ``tokens`` is only a lower bound: llama.cpp's server lists
+    # only the tokens that leave the text whole (``mark_inexact``).
+    exact: bool = True
+    # Where the split is unknown, the last token's own bytes, if the server
+    # says (what llama.cpp's stop window counts).
+    last_bytes: int | None = None
+
+    @property
+    def most_tokens(self) -> int:
+        """An upper bound on ``tokens`` (every token holds a byte at least)."""
+        return self.tokens if self.exact else max(self.tokens, len(self.text.encode("utf-8", "surrogatepass")))
 
     @property
     def end(self) -> int:
@@ -63,11 +103,27 @@ class Unit:
 
 
 def is_opaque(token: str) -> bool:
-    return token == "" or OPAQUE in token or token.startswith("bytes:")
+    """Does this token string hide some of its bytes (see the module docstring)?"""
+    return token == "" or OPAQUE in token or token.startswith(("bytes:", "byte: ", "token_id:"))
 
 
 def looks_special(token: str) -> bool:
     return bool(_SPECIAL.match(token))
+
+
+def exact_bytes(token: str) -> bytes | None:
+    """The bytes of a ``"bytes:\\\\xe4\\\\xb8"`` (OpenAI) or ``"byte: \\\\xe4"``
+    (llama.cpp) token string; None for other strings.
+
+    >>> exact_bytes("bytes:\\\\xe4\\\\xb8"), exact_bytes("byte: \\\\xad"), exact_bytes("ab")
+    (b'\\xe4\\xb8', b'\\xad', None)
+    """
+    m = _BYTE_FORM.match(token)
+    return bytes.fromhex(m.group(1).replace("\\x", "")) if m else None
+
+
+def is_token_id(token: str) -> bool:
+    return bool(_TOKEN_ID.match(token))
 
 
 def top_choice(top: dict[str, float] | None) -> tuple[str, float] | None:
@@ -81,15 +137,108 @@ def top_choice(top: dict[str, float] | None) -> tuple[str, float] | None:
 def position_matches(token: str, logprob: float | None, top: dict[str, float] | None) -> bool:
     """Is ``token`` the target's own greedy choice at this position?
 
-    Both the string and the logprob must agree with the top entry.  The
-    string alone is not enough for opaque tokens (every piece of every emoji
-    reads "\\ufffd", and colliding keys overwrite each other in the dict), so
+    Both the string and the logprob must agree with the top entry, and no
+    other entry may tie with it: which of two equal logits a server's argmax
+    picks is its own business, so a tie confirms nothing.  The string alone
+    is not enough for opaque tokens (every piece of every emoji reads
+    "\\ufffd", and colliding keys overwrite each other in the dict), so
     opaque positions never match here: see the module docstring.
     """
     best = top_choice(top)
     if best is None or logprob is None or is_opaque(token):
         return False
-    return best[0] == token and logprob >= best[1]
+    if best[0] != token or logprob < best[1]:
+        return False
+    return not any(other != token and value >= logprob for other, value in top.items())  # type: ignore[union-attr]
+
+
+def _lossy(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def _collapse(text: str) -> str:
+    """Runs of U+FFFD as one: servers count broken bytes differently (one per
+    byte, or one per broken sequence)."""
+    return _OPAQUE_RUN.sub(OPAQUE, text)
+
+
+class _Spans:
+    """Which byte spans a token string can stand for, over one text.
+
+    A span is the token's end ``e``; ``run`` holds the starts of the tokens
+    just before it that ended inside a character (current vLLM puts their
+    pieces on the token that completes it).  ``_PENDING``: the token runs
+    past the text, which holds back an unfinished character (a stream so
+    far, or an answer that max_tokens cut).
+    """
+
+    def __init__(self, data: bytes, partial: bool, cut_tail: bool, exact: bool, covered: bool = False) -> None:
+        self.data = data
+        self.size = len(data)
+        self.partial = partial
+        self.cut_tail = cut_tail
+        self.covered = covered  # the tokens end exactly with the text (an echoed prompt)
+        # Broken bytes read as one U+FFFD per broken sequence (Python, Rust's
+        # from_utf8_lossy: HF tokenizers) when ``exact``; otherwise any run
+        # of them as one (servers that count them another way).
+        self.render = _lossy if exact else (lambda raw: _collapse(_lossy(raw)))
+
+    def boundary(self, p: int) -> bool:
+        return p <= 0 or p >= self.size or self.data[p] & 0xC0 != 0x80
+
+    def ends(self, token: str, b: int, run: tuple[int, ...]) -> list[int]:
+        """Possible ends of ``token`` placed at byte ``b``.
+
+        Servers show text only up to the end of a token that ends on a
+        character boundary (vLLM's incremental detokenizer, llama.cpp): so
+        past the text lie only tokens that end inside a character, and only
+        a cut answer's U+FFFD (the held text, rendered) ends inside one.
+        """
+        data, size = self.data, self.size
+        raw = exact_bytes(token)
+        if b == _PENDING or b == size:
+            found = [_PENDING] if self.ends_inside(token) and not self.covered else []
+            if b == size and token == "":
+                found.append(b)  # a special token shown empty (the end of text)
+            return found
+        if raw is not None:
+            return [b + len(raw)] if data.startswith(raw, b) else []
+        if token == "":
+            # Current vLLM: a token that ends inside a character.
+            return [e for e in range(b + 1, min(size, b + _MAX_HIDDEN_BYTES) + 1) if not self.boundary(e)]
+        if OPAQUE not in token:
+            raw = token.encode("utf-8", "surrogatepass")
+            found = []
+            if data.startswith(raw, b):
+                found.append(b + len(raw))
+            for r in run:  # current vLLM: the text of the "" pieces before it, and its own
+                e = r + len(raw)
+                if e > b and e not in found and data.startswith(raw, r) and self.boundary(e):
+                    found.append(e)
+            if self.partial and b + len(raw) > size and raw.startswith(data[b:]):
+                found.append(_PENDING)  # the stream's text has not caught up with it yet
+            return found
+        render = self.render
+        pattern = render(token.encode("utf-8", "surrogatepass"))
+        markers = pattern.count(OPAQUE)
+        longest = len(pattern.replace(OPAQUE, "").encode("utf-8", "surrogatepass")) + 6 * markers
+        found = []
+        for r in (b, *run):
+            for e in range(b + 1, min(size, r + longest) + 1):
+                if e not in found and render(data[r:e]) == pattern:
+                    found.append(e)
+        if self.cut_tail and pattern.endswith(OPAQUE) and any(render(data[r:] + b"\xf0") == pattern for r in (b, *run)):
+            found.append(_PENDING)  # the rest of the text and the character max_tokens cut
+        return found
+
+    def ends_inside(self, token: str) -> bool:
+        """Could this token end inside a character (so show no text yet)?"""
+        if token == "" or is_token_id(token):
+            return True
+        raw = exact_bytes(token)
+        if raw is not None:
+            return _lossy(raw).endswith(OPAQUE)
+        return OPAQUE in token and self.render(token.encode("utf-8", "surrogatepass")).endswith(OPAQUE)
 
 
 def align_tokens(
@@ -99,68 +248,142 @@ def align_tokens(
     tops: list[dict[str, float] | None] | None = None,
     *,
     partial: bool = False,
+    prompt: bool = False,
 ) -> list[Unit]:
     """Place token strings over ``text`` and group them into :class:`Unit` s.
 
-    ``partial``: the text and tokens are what a stream delivered so far;
-    return the units that are certainly complete and stop at the first one
-    that is not (a trailing run of opaque tokens, or text held back).
+    ``partial``: the text and tokens are what a stream delivered so far (a
+    token's bytes may run past the text, which holds back unfinished
+    characters); return the units that are certainly complete.  Otherwise
+    the tokens must cover the text; a trailing U+FFFD (a character that
+    max_tokens cut, as the server rendered it) and the pieces that made it
+    are left out of the units.  ``prompt``: the tokens are an echoed
+    prompt's, which cover its text exactly (nothing was cut).
 
     >>> [u.text for u in align_tokens("a好b", ["a", "\\ufffd", "\\ufffd", "b"])]
     ['a', '好', 'b']
     >>> [u.tokens for u in align_tokens("a好b", ["a", "\\ufffd", "\\ufffd", "b"])]
     [1, 2, 1]
+    >>> [(u.text, u.tokens) for u in align_tokens("中文本。", ["\\ufffd", "\\ufffd文本", "。"])]
+    [('中文本', 2), ('。', 1)]
+    >>> [(u.text, u.tokens) for u in align_tokens("🙂 ab 🙂", ["", "🙂", " ", "a", "b", " ", "", "🙂"])]
+    [('🙂', 2), (' ', 1), ('a', 1), ('b', 1), (' ', 1), ('🙂', 2)]
     """
     n = len(tokens)
     logprobs = logprobs if logprobs is not None else [None] * n
     tops = tops if tops is not None else [None] * n
-    units: list[Unit] = []
-    pos = i = 0
-    while i < n:
-        token = tokens[i]
-        if partial and token and not is_opaque(token) and pos + len(token) > len(text) and token.startswith(text[pos:]):
-            break  # the stream's text has not caught up with this token yet
-        if token and not is_opaque(token) and text.startswith(token, pos):
-            match = position_matches(token, logprobs[i], tops[i])
-            correction = None if match else _readable_top(tops[i])
-            units.append(Unit(token, 1, pos, matches=match, correction=correction))
-            pos += len(token)
-            i += 1
-            continue
-        if token and not is_opaque(token):
-            if looks_special(token):
-                units.append(Unit("", 1, pos, special=True, matches=position_matches(token, logprobs[i], tops[i])))
-                i += 1
+    if any(is_token_id(t) for t in tokens):
+        # Ids with no text: the token count is all we know.  The whole answer
+        # is one unit (at a stream's end: the caller takes the rest whole).
+        return [] if partial or not text else [Unit(text, n, 0, matches=False)]
+    try:
+        return _align(text, tokens, logprobs, tops, partial, prompt, exact=True)
+    except AlignmentError:
+        return _align(text, tokens, logprobs, tops, partial, prompt, exact=False)
+
+
+def _align(text: str, tokens: list[str], logprobs: list, tops: list, partial: bool, prompt: bool, exact: bool) -> list[Unit]:
+    n = len(tokens)
+    if partial:
+        # Special tokens at a stream's end so far may be its end of text:
+        # left for the stream's end (its finish reason says).
+        while n and looks_special(tokens[n - 1]) and not text.endswith(tokens[n - 1]):
+            n -= 1
+        tokens = tokens[:n]
+    shown = text if partial else text.rstrip(OPAQUE)
+    # A server that renders a character cut by max_tokens shows U+FFFD; one
+    # that lists only tokens that leave the text whole (llama.cpp) has no
+    # token for the text just before it either.
+    cut_tail = len(shown) < len(text)
+    data = shown.encode("utf-8", "surrogatepass")
+    spans = _Spans(data, partial, cut_tail, exact, covered=prompt)
+    size = len(data)
+
+    # 1. Every placement, token by token: states (byte, run) after i tokens,
+    #    with the states they came from.
+    layers: list[dict[tuple[int, tuple[int, ...]], set]] = [{(0, ()): set()}]
+    for i, token in enumerate(tokens):
+        nxt: dict[tuple[int, tuple[int, ...]], set] = {}
+        special = looks_special(token)
+        for state in layers[-1]:
+            b, run = state
+            if special and not (b != _PENDING and data.startswith(token.encode("utf-8", "surrogatepass"), b)):
+                nxt.setdefault(state, set()).add(state)  # zero-width
                 continue
-            raise AlignmentError(f"token {token!r} does not match the text at offset {pos}")
-        # A run of opaque tokens: find where the next readable token starts.
-        j = i
-        while j < n and is_opaque(tokens[j]):
-            j += 1
-        if partial and (j == n or looks_special(tokens[j])):
-            break  # the character may not be complete yet
-        if j == n or looks_special(tokens[j]) and text.find(tokens[j], pos) == -1:
-            end = len(text)
-        else:
-            end = text.find(tokens[j], pos + 1)
-            if end == -1 and partial:
+            for e in spans.ends(token, b, run):
+                # Current vLLM shows "" for a token that ends inside a
+                # character and puts its text on the one that completes it:
+                # remember where such tokens began (up to the 4 it looks back).
+                hidden = token == "" and e not in (_PENDING, b) and not spans.boundary(e)
+                new_run = ((*run, b) if hidden else ())[-4:] if e != b else run
+                nxt.setdefault((e, new_run), set()).add(state)
+        if not nxt:
+            raise AlignmentError(f"token {i} ({token!r}) does not fit the text after byte {_furthest(layers[-1])}")
+        layers.append(nxt)
+
+    # 2. The placements that explain the whole text (or, streaming, all of
+    #    what was shown), walked back to keep only the states on them.
+    def complete(state: tuple[int, tuple[int, ...]]) -> bool:
+        return state[0] in (size, _PENDING) or (cut_tail and state[0] != _PENDING and spans.boundary(state[0]))
+
+    live: list[set] = [set() for _ in layers]
+    live[n] = {s for s in layers[n] if complete(s)}
+    if not live[n]:
+        raise AlignmentError(f"tokens cover {_furthest(layers[n])} of {size} bytes")
+    for i in range(n, 0, -1):
+        for state in live[i]:
+            live[i - 1] |= layers[i][state]
+
+    # 3. Cuts that every placement agrees on, at character boundaries.
+    positions = [{s[0] for s in live[i]} for i in range(n + 1)]
+    cuts = [i for i in range(n + 1) if len(positions[i]) == 1 and _PENDING not in positions[i] and spans.boundary(next(iter(positions[i])))]
+    chars = _char_index(shown)
+    units: list[Unit] = []
+    for i, j in zip(cuts, cuts[1:]):
+        b0, b1 = next(iter(positions[i])), next(iter(positions[j]))
+        start, piece = chars[b0], shown[chars[b0] : chars[b1]]
+        if not piece:
+            for k in range(i, j):  # zero-width: special tokens, one unit each
+                units.append(Unit("", 1, start, special=True, matches=position_matches(tokens[k], logprobs[k], tops[k])))
+            continue
+        sizes = steps = None
+        if all(len(positions[k]) == 1 for k in range(i, j + 1)):
+            ends = [next(iter(positions[k])) for k in range(i, j + 1)]
+            sizes = tuple(b - a for a, b in zip(ends, ends[1:]))
+        shown_to, steps_list = b0, []
+        for k in range(i + 1, j + 1):
+            at = positions[k]
+            if not any(b == _PENDING or spans.boundary(b) for b in at):
+                steps_list.append("")  # ends inside a character in every placement: held back
+            elif len(at) == 1:
+                b = next(iter(at))
+                steps_list.append(shown[chars[shown_to] : chars[b]])
+                shown_to = b
+            else:
                 break
-            if end == -1:
-                raise AlignmentError(f"cannot place token {tokens[j]!r} after offset {pos}")
-        if end <= pos and j == n:
-            # Trailing pieces of a character the server did not render at
-            # all (llama.cpp drops an incomplete character; vLLM shows
-            # "\ufffd"): no text to place, and nothing anyone may accept.
-            break
-        if end <= pos:
-            raise AlignmentError(f"opaque tokens at offset {pos} cover no text")
-        # Opaque positions cannot be checked (see position_matches), and the
-        # target's choice there is unreadable: no correction either.
-        units.append(Unit(text[pos:end], j - i, pos, matches=False))
-        pos, i = end, j
-    if pos != len(text) and not partial:
-        raise AlignmentError(f"tokens cover {pos} of {len(text)} characters")
+        else:
+            steps = tuple(steps_list)
+        if j == i + 1 and not is_opaque(tokens[i]) and tokens[i] == piece:
+            match = position_matches(tokens[i], logprobs[i], tops[i])
+            units.append(Unit(piece, 1, start, matches=match, correction=None if match else _readable_top(tops[i]), sizes=sizes, steps=steps))
+        else:
+            # Opaque positions cannot be checked (see position_matches), and
+            # the target's choice there is unreadable: no correction either.
+            units.append(Unit(piece, j - i, start, matches=False, sizes=sizes, steps=steps))
     return units
+
+
+def _furthest(states: dict) -> int:
+    return max((b for b, _ in states if b != _PENDING), default=0)
+
+
+def _char_index(text: str) -> dict[int, int]:
+    """Byte offset -> character index, at every character boundary."""
+    index, b = {0: 0}, 0
+    for k, ch in enumerate(text):
+        b += len(ch.encode("utf-8", "surrogatepass"))
+        index[b] = k + 1
+    return index
 
 
 def _readable_top(top: dict[str, float] | None) -> str | None:
@@ -170,3 +393,37 @@ def _readable_top(top: dict[str, float] | None) -> str | None:
 
 def count_tokens(units: list[Unit]) -> int:
     return sum(u.tokens for u in units)
+
+
+def with_last_bytes(units: list[Unit], sizes: list[int | None] | None) -> list[Unit]:
+    """Each unit with its last listed token's own bytes (``own_bytes``)."""
+    if not sizes:
+        return units
+    out, k = [], 0
+    for unit in units:
+        k += unit.tokens if unit.exact else 1  # an inexact unit is one listed entry
+        out.append(replace(unit, last_bytes=sizes[k - 1]) if 0 < k <= len(sizes) else unit)
+    return out
+
+
+def mark_inexact(units: list[Unit], left_out: int | None = None) -> list[Unit]:
+    """Units from a server that leaves out of its logprobs the tokens that
+    left the text inside a character (llama.cpp): a unit with a character
+    beyond ASCII may stand for more tokens than listed.  ``left_out``: how
+    many were left out in all, when known (the answer's usage) and nothing
+    was cut at its end; if one unit can hold them, it gets them, exactly.
+
+    >>> [(u.text, u.tokens, u.exact) for u in mark_inexact([Unit("a", 1, 0), Unit("😀", 1, 1)], 1)]
+    [('a', 1, True), ('😀', 2, True)]
+    """
+    suspects = [k for k, u in enumerate(units) if not u.special and any(ord(c) > 0x7F for c in u.text)]
+    if left_out == 0 or not suspects:
+        return units
+    out = list(units)
+    if left_out is not None and len(suspects) == 1:
+        k = suspects[0]
+        out[k] = replace(out[k], tokens=out[k].tokens + left_out, matches=False, steps=None, sizes=None)
+        return out
+    for k in suspects:
+        out[k] = replace(out[k], exact=False, matches=False, steps=None, sizes=None)
+    return out

@@ -85,19 +85,37 @@ class ChatTurn:
     """One assistant turn as a completions-style target (``complete`` / ``stream``).
 
     ``prompt`` is what the orchestrator starts from: the conversation's text,
-    plus the assistant message the conversation ends with, if it does (that
-    message is then continued, as a prefill).
+    plus, with ``continue_final``, the assistant message the conversation
+    ends with (that message is then continued, as a prefill).
     """
 
-    def __init__(self, api: TargetAPI, messages: list[dict[str, Any]], *, extra: dict[str, Any] | None = None) -> None:
+    def __init__(self, api: TargetAPI, messages: list[dict[str, Any]], *, extra: dict[str, Any] | None = None, continue_final: bool = False) -> None:
         self.api = api
-        prefilled = messages[-1]["content"] if messages[-1]["role"] == "assistant" else None
+        self.ends_with_assistant = messages[-1]["role"] == "assistant"
+        prefilled = messages[-1]["content"] if continue_final and self.ends_with_assistant else None
         self.messages = messages[:-1] if prefilled is not None else messages
         self.head = conversation_text(self.messages)
         self.prompt = self.head + (prefilled or "")
         self.support: ChatSupport | None = None
         self.extra = dict(extra or {})
         self.usage_seen: list[Usage] = []  # each call's usage (Predicted Outputs' counts ride on it)
+
+    @property
+    def server_kind(self) -> str | None:
+        return self.api.server_kind
+
+    @property
+    def omits_pieces(self) -> bool:
+        return self.api.omits_pieces
+
+    @omits_pieces.setter
+    def omits_pieces(self, value: bool) -> None:
+        self.api.omits_pieces = value
+
+    async def count_tokens(self, prompt: str, text: str) -> int | None:
+        """How many tokens the assistant's ``text`` is, after the part of the
+        message in ``prompt`` (see ``TargetAPI.count_tokens``)."""
+        return await self.api.count_tokens(prompt[len(self.head):], text)
 
     def _request(self, prompt: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
         """The messages and fields to send, and the text the answer will repeat first."""
@@ -207,7 +225,7 @@ def _prompt_units(c: Completion, content: str, offset: int) -> list[Unit] | None
     try:
         if start is None:
             raise AlignmentError("the message's tokens are not readable")
-        units = align_tokens(content, [t or "" for t in tokens[start:]], lps[start:], tops[start:])
+        units = align_tokens(content, [t or "" for t in tokens[start:]], lps[start:], tops[start:], prompt=True)
     except AlignmentError:
         return [Unit(content, max(1, len(tokens)), offset, matches=False)]
     return [replace(u, start=u.start + offset) for u in units]

@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-in-flight", type=_positive_int, default=64, metavar="N", help="most HTTP requests in flight at once, over all generations and their branches (default: 64)")
     run.add_argument("--chat", action="store_true", help="use /v1/chat/completions: PROMPT_FILE is the user's message, or a JSON list of {role, content} messages; the answer equals a plain chat call's")
     run.add_argument("--system", metavar="TEXT", help="with --chat: a system message before the user's")
+    run.add_argument("--continue-final", action="store_true", help="with --chat: a conversation that ends with an assistant message has that message continued (with speculation, where the server can prefill); without it the messages are sent as they are and decoded plainly, as servers differ on them")
     run.add_argument("--prediction", metavar="FILE", help="with --chat: send FILE's text as the Predicted Outputs `prediction` (OpenAI's gpt-4o/4.1 families) instead of speculating here; the stats report the accepted/rejected prediction tokens")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     run.add_argument("--quiet", action="store_true", help="do not print the stats line on stderr")
@@ -322,8 +323,8 @@ def _check_mode(args: argparse.Namespace) -> None:
         if args.drafter != "none" and not args.draft_model:
             raise ConfigurationError("--local needs --draft-model DIR (sharing the target's tokenizer), or --drafter none for plain sampling")
         return
-    if not args.chat and (args.system is not None or args.prediction is not None):
-        raise ConfigurationError("--system and --prediction need --chat")
+    if not args.chat and (args.system is not None or args.prediction is not None or args.continue_final):
+        raise ConfigurationError("--system, --prediction and --continue-final need --chat")
     if args.chat and (len(args.prompt_files) > 1 or args.prompt_files[0].endswith(".jsonl")):
         raise ConfigurationError("--chat takes one prompt file (batches are completions prompts); run one bspec run --chat per conversation")
     given = [f"--{name.replace('_', '-')}" for name in LOCAL_ONLY if getattr(args, name) is not None]
@@ -448,7 +449,8 @@ async def _run(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
     async with _client(args) as client:
         await _load_drafter(args, client)
         if args.chat:
-            stream = client.stream_chat(chat_messages(prompt, args.system), max_tokens=args.max_tokens, stop=args.stop, prediction=prediction)
+            stream = client.stream_chat(chat_messages(prompt, args.system), max_tokens=args.max_tokens, stop=args.stop, prediction=prediction,
+                                        continue_final=args.continue_final)
         else:
             stream = client.stream(prompt, max_tokens=args.max_tokens, stop=args.stop)
         result_box.append(stream.result)

@@ -20,14 +20,16 @@ from typing import AsyncIterator, Callable, Sequence
 import httpx
 
 from ._cancel import cancel_once, in_own_task
-from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetHTTPError, TargetResponseError
+from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetError, TargetHTTPError, TargetResponseError
 from ._stats import GenerationResult, GenerationStats
 from ._retry import RetryPolicy
+from ._stopping import DEFAULT_RULE, RULES, single_stop_rule
 from ._target import TargetAPI, resolve_settings
 from .chat import ChatSupport, ChatTurn, check_messages, probe_chat
 from .drafters import Drafter, DrafterFactory, SessionIndex, drafter_factory
 from .orchestrator import Output, decode_plainly, speculate
 from .policy import Policy, ServerCosts
+from .probe import STOP_PROBE_PROMPT, probe_stop_rule
 from .verifiers import EchoVerifier, FanoutVerifier
 
 STRATEGIES = ("auto", "echo", "fanout", "plain")
@@ -132,7 +134,10 @@ class SpecClient:
         max_draft_chars: int = 4096,
         retries: RetryPolicy | None = None,
         max_in_flight: int | None = 64,
+        stop_rule: str | None = None,
     ) -> None:
+        if stop_rule is not None and stop_rule not in RULES:
+            raise ConfigurationError(f"unknown stop_rule {stop_rule!r}; choose from: {', '.join(RULES)} (or None to learn it from the server)")
         if strategy not in STRATEGIES:
             raise ConfigurationError(f"unknown strategy {strategy!r}; choose from: {', '.join(STRATEGIES)}")
         if fanout_width < 1 or max_draft_chars < 1:
@@ -152,6 +157,11 @@ class SpecClient:
         self.costs: ServerCosts | None = None  # measured server costs, kept across generations
         self.chat_support: ChatSupport | None = None  # the same, for /chat/completions
         self.chat_costs: ServerCosts | None = None
+        # Which stop string wins when several complete in one token: given,
+        # or learned once from the server (``probe.probe_stop_rule``) the
+        # first time a generation has two or more.
+        self.stop_rule = stop_rule
+        self.stop_rule_learned = stop_rule is not None
 
     def __repr__(self) -> str:
         return f"SpecClient(base_url={self.api.base_url!r}, model={self.api.model!r}, strategy={self.strategy!r})"
@@ -212,6 +222,34 @@ class SpecClient:
                 self.chat_support = await probe_chat(self.api)
                 self.chat_costs = ServerCosts(self.chat_support.round_trip_s)
         return self.chat_support
+
+    async def learn_stop_rule(self, *, chat: bool = False) -> str:
+        """The server's stop rule (``_stopping.RULES``), learned once (two
+        small calls, over the chat endpoint with ``chat``); where the probe
+        can't tell, ``earliest-start``."""
+        await self.ensure_model()
+        async with self._probing:
+            if not self.stop_rule_learned:
+                try:
+                    if chat:
+                        turn = ChatTurn(self.api, [{"role": "user", "content": "Repeat exactly, nothing else: " + STOP_PROBE_PROMPT}])
+                        rule = await probe_stop_rule(turn, turn.prompt)
+                    else:
+                        rule = await probe_stop_rule(self.api)
+                except TargetError:
+                    rule = None
+                self.stop_rule, self.stop_rule_learned = rule or DEFAULT_RULE, True
+        return self.stop_rule  # type: ignore[return-value]
+
+    async def _use_stop_rule(self, out: Output, stats: GenerationStats, *, chat: bool = False) -> None:
+        """Several stop strings: which one wins at a token depends on the
+        server, so learn its rule before replaying them.  One: only
+        llama.cpp's search window differs (``_stopping``)."""
+        if out.stop and len(out.stop) > 1:
+            out.use_stop_rule(await self.learn_stop_rule(chat=chat))
+            stats.stop_rule = out.stop_rule
+        elif out.stop:
+            out.use_stop_rule(self.stop_rule if self.stop_rule_learned else single_stop_rule(self.api.server_kind))
 
     async def _probe(self) -> Capabilities:
         try:
@@ -297,21 +335,27 @@ class SpecClient:
 
     async def chat(
         self, messages: list[dict], *, max_tokens: int = 256, stop: str | Sequence[str] | None = None, prediction: str | None = None,
+        continue_final: bool = False,
     ) -> GenerationResult:
         """The assistant's reply to ``messages`` over ``/chat/completions``;
-        exactly what a plain temperature-0 chat call to the same server
-        returns.  A conversation that ends with an assistant message has
-        that message continued.  ``prediction``: send this text as OpenAI's
-        Predicted Outputs ``prediction`` instead of speculating here (for
-        APIs that offer it; ``stats.accepted_prediction_tokens`` reports how
-        much of it the server used)."""
-        stream = self.stream_chat(messages, max_tokens=max_tokens, stop=stop, prediction=prediction)
+        exactly what a plain temperature-0 chat call with these messages to
+        the same server returns.  A conversation that ends with an assistant
+        message is sent as it is (servers differ: vLLM and OpenAI start a new
+        turn, llama.cpp continues it) and decoded plainly;
+        ``continue_final=True`` continues that message instead, with
+        speculation, where the server can (``probe_chat``).
+        ``prediction``: send this text as OpenAI's Predicted Outputs
+        ``prediction`` instead of speculating here (for APIs that offer it;
+        ``stats.accepted_prediction_tokens`` reports how much of it the
+        server used)."""
+        stream = self.stream_chat(messages, max_tokens=max_tokens, stop=stop, prediction=prediction, continue_final=continue_final)
         async for _ in stream:
             pass
         return stream.result
 
     def stream_chat(
         self, messages: list[dict], *, max_tokens: int = 256, stop: str | Sequence[str] | None = None, prediction: str | None = None,
+        continue_final: bool = False,
     ) -> GenerationStream:
         """Like :meth:`chat`, yielding text as soon as the target confirms it."""
         messages = check_messages(messages)
@@ -319,7 +363,7 @@ class SpecClient:
         if prediction is not None and not isinstance(prediction, str):
             raise ConfigurationError(f"prediction must be a string, not {type(prediction).__name__}")
         extra = {"prediction": {"type": "content", "content": prediction}} if prediction is not None else None
-        turn = ChatTurn(self.api, messages, extra=extra)
+        turn = ChatTurn(self.api, messages, extra=extra, continue_final=continue_final)
         result = GenerationResult("", GenerationStats())
         out = Output(turn.prompt, max_tokens, stops)
         return GenerationStream(self._run(out, self._chat_pieces(turn, out, result.stats, prediction is not None), result), result)
@@ -369,6 +413,7 @@ class SpecClient:
                 async for piece in pieces:
                     yield piece
             return
+        await self._use_stop_rule(out, stats)
         async with aclosing(self._speculate(self.api, available, self.costs, forced, out, stats)) as pieces:
             async for piece in pieces:
                 yield piece
@@ -381,6 +426,9 @@ class SpecClient:
             turn.support = await self.probe_chat()
         if predicted:
             reason = "a prediction was given: the server speculates on it (Predicted Outputs), so the turn is decoded plainly here"
+        elif turn.ends_with_assistant and turn.prompt == turn.head:
+            reason = ("the conversation ends with an assistant message, which servers treat differently (a new turn, or that message "
+                      "continued), so it is sent as it is and decoded plainly; continue_final=True continues it with speculation")
         elif self._new_drafter is None or self.strategy == "plain":
             reason = "plain decoding was asked for"
         else:
@@ -394,6 +442,7 @@ class SpecClient:
             forced = None if self.strategy == "auto" else self.strategy
             if forced and forced not in available:
                 raise ConfigurationError(f"strategy {forced!r} is not available on {self.api.base_url}'s chat endpoint (no prompt_logprobs); use --strategy auto")
+            await self._use_stop_rule(out, stats, chat=True)
             source = self._speculate(turn, available, self.chat_costs, forced, out, stats)
         else:
             stats.note(reason)

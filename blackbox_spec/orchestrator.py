@@ -29,7 +29,7 @@ from ._retry import is_retryable
 from ._stats import GenerationStats, Piece
 from ._stopping import StopScanner
 from ._target import StreamEnd, StreamPiece, TargetAPI, Usage
-from ._tokens import Unit, align_tokens, count_tokens
+from ._tokens import OPAQUE, Unit, align_tokens, count_tokens, mark_inexact, with_last_bytes
 from .drafters.base import Drafter
 from .policy import Policy, draft_kind
 from .verifiers.base import Verifier
@@ -45,7 +45,12 @@ class Output:
     prompt: str
     max_tokens: int
     stop: list[str] | None
+    stop_rule: str = "earliest-end"  # which stop wins when several complete at once (``_stopping``)
     tokens: int = 0
+    # An upper bound on ``tokens``, above it while some count is only a lower
+    # bound (``Unit.exact``: llama.cpp leaves pieces of characters unlisted);
+    # ``settle`` makes them equal again.
+    most_tokens: int = 0
     shown: int = 0
     finish_reason: str | None = None
     scanner: StopScanner = field(init=False)
@@ -54,7 +59,13 @@ class Output:
     drafted: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.scanner = StopScanner(self.stop)
+        self.scanner = StopScanner(self.stop, self.stop_rule)
+
+    def use_stop_rule(self, rule: str) -> None:
+        """The server's stop rule, once learned (before any text)."""
+        assert not self.text, "the stop rule is set before generating"
+        self.stop_rule = rule
+        self.scanner = StopScanner(self.stop, rule)
 
     @property
     def text(self) -> str:
@@ -68,27 +79,63 @@ class Output:
     def remaining(self) -> int:
         return self.max_tokens - self.tokens
 
-    def take(self, units: list[Unit], drafted: int = 0) -> tuple[int, bool]:
+    @property
+    def exact(self) -> bool:
+        """Is ``tokens`` the target's own count (not a lower bound)?"""
+        return self.most_tokens == self.tokens
+
+    def take(self, units: list[Unit], drafted: int = 0, *, bounded: bool = False) -> tuple[int, bool]:
         """Append units while the budget allows; returns (units taken, whether
-        the budget ran out inside a multi-token unit).  The first ``drafted``
-        units came in through an accepted draft."""
+        the next unit needs the server to render it: the budget ends inside
+        it, or a stop string lies inside tokens whose split is unknown).  The
+        first ``drafted`` units came in through an accepted draft.
+        ``bounded``: they come from a call the server itself holds to the
+        budget (one opened with ``remaining`` while the count was exact), so
+        a lower-bound count cannot overrun it."""
         for k, unit in enumerate(units):
             if self.finish_reason:
                 return k, False
-            if unit.tokens > self.remaining:
+            if (self.tokens + unit.tokens if bounded else self.most_tokens + unit.most_tokens) > self.max_tokens:
+                return k, True
+            if unit.steps is None and unit.tokens > 1 and self.scanner.split_matters(unit.text):
                 return k, True
             self.tokens += unit.tokens
+            self.most_tokens += unit.most_tokens
             if k < drafted:
                 self._mark_drafted(len(self.text), len(self.text) + len(unit.text))
-            if self.scanner.feed(unit.text):
+            if self._feed(unit):
                 self.finish_reason = "stop"
-            elif self.remaining == 0:
+            elif self.remaining <= 0:
                 self.finish_reason = "length"
         return len(units), False
 
-    def add_text(self, piece: str) -> None:
-        """Append streamed text whose token count the server keeps."""
-        if not self.finish_reason and self.scanner.feed(piece):
+    def count(self, tokens: int) -> None:
+        """``tokens`` more, counted by the server (exact)."""
+        self.tokens += tokens
+        self.most_tokens += tokens
+
+    def recount(self, tokens: int) -> None:
+        """The exact count of the text so far."""
+        self.tokens = self.most_tokens = tokens
+
+    def _feed(self, unit: Unit) -> bool:
+        """The unit's text to the stop scanner as the server showed it, token by token."""
+        if unit.steps is None:
+            return self.scanner.feed(unit.text, unit.last_bytes)
+        sizes = unit.sizes or (None,) * len(unit.steps)
+        return any(self.scanner.feed(step, size) for step, size in zip(unit.steps, sizes))
+
+    def add_text(self, piece: str, *, trusted: bool = False) -> None:
+        """Append text whose token count the server keeps.  ``trusted``: the
+        server applied the stop strings to it itself (a plain call with
+        ``stop``), or it is a cut character's rendering, which no server
+        searches; only a stop string that began in the text before it is
+        still ours to find."""
+        if self.finish_reason:
+            return
+        if trusted and not self.scanner.straddles(piece):
+            self.scanner.text += piece
+        elif self.scanner.feed(piece):
             self.finish_reason = "stop"
 
     def _mark_drafted(self, start: int, end: int) -> None:
@@ -184,6 +231,10 @@ async def speculate(
     plain_next = False
     recovery = Recovery(out, policy, stats)
     while out.finish_reason is None:
+        if not out.exact:
+            await settle(api, out, stats)
+            if out.finish_reason is not None:
+                break
         # 1. Draft locally (while drafting pays for itself: ``DraftBudget``).
         draft = (_propose(drafter, policy, stats) or "") if policy.speculating else ""
         match = getattr(drafter, "last_match", 0)
@@ -219,10 +270,12 @@ async def speculate(
         ended = verdict.eos and taken == len(verdict.units) and out.finish_reason is None
         if ended:
             out.finish_reason = "stop"
-        if split:
-            # The budget ends inside a character the target spread over several
-            # tokens: only the server can render that cut, as plain decoding does.
-            await _finish_plainly(api, out, stats)
+        if split and out.exact:
+            # (With a lower-bound count, the next round settles it first.)
+            try:
+                await _render_plainly(api, out, stats, verdict.units[taken].most_tokens)
+            except TargetError as exc:
+                recovery.survive(exc, speculative=False)
         accepted = verdict.units[:taken]
         accepted_draft = accepted[: verdict.draft_units]
         draft_chars = sum(len(u.text) for u in accepted_draft)
@@ -270,13 +323,14 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
     """
     started = time.perf_counter()
     streams = Streams(api, policy.costs.observe_step)
-    main = streams.open(out.context, len(out.text), out.remaining)
+    main = first = streams.open(out.context, len(out.text), out.remaining)
+    base_exact = out.exact  # was the count exact where the main stream began?
     group: list[Branch] = []  # side branches of the current draft, by offset
     draft, draft_at, kind, group_started, group_width, group_tokens = "", 0, "short", 0.0, 1, 0
     replay: deque[tuple[Branch, Any]] = deque()  # a promoted branch's items, oldest first
     end: StreamEnd | None = None
     failed: BaseException | None = None
-    split = False
+    split = 0  # tokens of a unit only the server can render (see Output.take)
     used_tokens = 0
     hunch: tuple[int, str] = (0, "")  # the last draft proposed, and where
     paused_noted = False
@@ -354,13 +408,17 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
             # 3. The main stream's tokens are the target's: accept whole units,
             #    and after each one walk the chain of side branches (4).
             units = main.live.feed(item)
+            if getattr(api, "omits_pieces", False):
+                units = with_last_bytes(mark_inexact(units), main.live.own_bytes[main.live.used_tokens :])
             if main.live.opaque_tail and group:
                 close_group()  # no safe cut is known any more: no branch can be reached
                 end_group()
             promoted = None
             for unit in units:
                 # A promoted branch's backlog is text the draft let through early.
-                taken, split = out.take([unit], drafted=int(replayed))
+                taken, blocked = out.take([unit], drafted=int(replayed), bounded=base_exact and main is first)
+                if blocked:
+                    split = unit.most_tokens
                 if not taken:
                     break
                 new_text = main.live.consume([unit])
@@ -371,6 +429,11 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                     break
                 # 4. A branch the main stream reached becomes the main stream;
                 #    the rest of this stream's units, the new one writes again.
+                #    (None while the count is a lower bound: its budget was
+                #    set from a count that is now off.)
+                if group and not out.exact:
+                    close_group()
+                    end_group()
                 if group:
                     promoted = walk_chain()
                     if not group:
@@ -385,6 +448,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                 stats.jumps += 1
                 streams.close(main)
                 main = promoted
+                base_exact = out.exact
                 replay.extendleft((main, it) for it in reversed(main.buffered))
                 main.buffered = []
                 continue
@@ -399,7 +463,8 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
 
             # 5. Plan: open side branches for a draft that pays, or cut the
             #    stream for an echo round that pays more.
-            if group or replay or not units or main.live.opaque_tail or not policy.speculating:
+            # (Not while the count is a lower bound: a branch's budget would be off.)
+            if group or replay or not units or main.live.opaque_tail or not policy.speculating or not out.exact:
                 continue
             proposal = _propose(drafter, policy, stats, time.perf_counter() - started)
             if proposal is None:
@@ -436,22 +501,38 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
         end_group()
         await streams.aclose()
     extra = 0
+    if end is not None and end.usage.completion_tokens > len(main.live.tokens) and main.live.tokens and hasattr(api, "omits_pieces"):
+        api.omits_pieces = True  # it listed fewer tokens than it generated (llama.cpp)
     if not split and end is not None and out.finish_reason is None:
         extra = max(0, (end.usage.completion_tokens or len(main.live.tokens)) - main.live.used_tokens)
         # A promoted branch was given the budget left when it was opened, more
         # than was left at its offset: its rest may run past max_tokens, and
         # text without token strings (byte-split characters) cannot be cut by
         # tokens.  Then the end comes from a plain call from here instead.
-        split = out.tokens + extra > out.max_tokens
+        split = out.remaining if out.tokens + extra > out.max_tokens else 0
+        if not split and extra and not main.live.rest and end.finish_reason == "length":
+            # max_tokens ended inside a character: a stream drops it (vLLM,
+            # llama.cpp), a plain (non-streamed) answer may show U+FFFD
+            # (llama.cpp, older vLLM).  The reference is the plain answer.
+            split = await _cut_tail(api, out, extra)
+    if split and not out.exact:
+        await settle(api, out, stats)
+        # A unit whose count was unknown may fit after all: the next round
+        # takes it; only the budget's real end is the server's to render.
+        split = out.remaining if out.remaining < split else 0
     if split:
-        await _finish_plainly(api, out, stats)
+        await _render_plainly(api, out, stats, split)
     elif end is not None and out.finish_reason is None:
         # The stream ran to its end: the rest of its text is the server's own
         # rendering of a plain call (a cut inside a character included).
         rest = main.live.rest
-        out.tokens += extra
+        out.count(extra)
+        if base_exact:
+            out.recount(out.tokens)  # the server counted this stream's tokens: all of them
         used_tokens += extra
-        out.add_text(rest)
+        # A cut character (U+FFFD) at a length end is the server's rendering
+        # of held text: never searched for stop strings.
+        out.add_text(rest, trusted=rest.endswith(OPAQUE) and end.finish_reason == "length")
         drafter.update(rest, "", 0)
         if out.finish_reason is None:
             out.finish_reason = end.finish_reason or "length"
@@ -515,16 +596,14 @@ async def decode_plainly(api: TargetAPI, out: Output, stats: GenerationStats) ->
             if isinstance(item, StreamEnd):
                 end = item
                 break
-            out.add_text(item.text)
+            out.add_text(item.text, trusted=True)  # the server applied the stops
             for piece in out.flush():
                 yield piece
-            if out.finish_reason:
-                break  # a stop string straddled what we had: stop the stream
     finally:
         await stream.aclose()
     if out.finish_reason is None:
         out.finish_reason = end.finish_reason or "length"
-    out.tokens += end.usage.completion_tokens
+    out.count(end.usage.completion_tokens)
     stats.observe_round("plain-stream", calls=1, cancelled=0, seconds=time.perf_counter() - started)
     stats.output_tokens += end.usage.completion_tokens
     stats.prompt_tokens_billed += end.usage.prompt_tokens
@@ -534,14 +613,55 @@ async def decode_plainly(api: TargetAPI, out: Output, stats: GenerationStats) ->
     stats.finish_reason = out.finish_reason
 
 
-async def _finish_plainly(api: TargetAPI, out: Output, stats: GenerationStats) -> None:
-    c = await api.complete(out.context, max_tokens=out.remaining)
+async def _cut_tail(target: Any, out: Output, extra: int) -> int:
+    """How many of a stream's last ``extra`` tokens (generated, not shown as
+    units) hold a character that max_tokens cut.  All of them, where the
+    server lists every token; where it leaves pieces out (llama.cpp), some
+    may be pieces of shown characters: its own count of the shown text
+    tells (and becomes ``out``'s count)."""
+    if not getattr(target, "omits_pieces", False):
+        return extra
+    counter = getattr(target, "count_tokens", None)
+    shown = await counter(out.prompt, out.text) if counter is not None else None
+    total = out.tokens + extra
+    if shown is None or shown >= total:
+        return 0
+    out.recount(shown)
+    return total - shown
+
+
+async def settle(target: Any, out: Output, stats: GenerationStats) -> None:
+    """Make ``out.tokens`` exact again after units whose counts were lower
+    bounds (``Unit.exact``), from the server's own tokenization of the text
+    (``count_tokens``).  Where it can't tokenize, the lower bound stands,
+    and the stats say so."""
+    counter = getattr(target, "count_tokens", None)
+    tokens = await counter(out.prompt, out.text) if counter is not None else None
+    if tokens is None or tokens < out.tokens:
+        if not any(n.startswith("token counts") for n in stats.notes):
+            stats.note("token counts around split characters are lower bounds here (the server lists only tokens that finish a "
+                       "character, and counts no text): the output may run a few tokens past max_tokens")
+        tokens = out.tokens
+    out.recount(tokens)
+    if out.remaining <= 0 and out.finish_reason is None:
+        out.finish_reason = "length"
+
+
+async def _render_plainly(api: TargetAPI, out: Output, stats: GenerationStats, tokens: int) -> None:
+    """The next ``tokens`` tokens from a plain call, for text only the server
+    can render: a budget that ends inside a character it spread over several
+    tokens (it shows the cut as plain decoding does), or a stop string inside
+    tokens whose split is unknown.  The server applies the stop strings to its
+    own text, token by token; one that began in the text before it is only
+    ours to see, so that text goes through the scanner too."""
+    tokens = max(1, min(tokens, out.remaining))
+    c = await api.complete(out.context, max_tokens=tokens, stop=out.stop)
+    used = c.usage.completion_tokens or tokens
     stats.target_calls += 1
     stats.prompt_tokens_billed += c.usage.prompt_tokens
     stats.completion_tokens_billed += c.usage.completion_tokens
-    stats.output_tokens += c.usage.completion_tokens or out.remaining
-    out.tokens = out.max_tokens
-    out.add_text(c.text)
-    if out.finish_reason is None:
-        out.finish_reason = c.finish_reason or "length"
-
+    stats.output_tokens += used
+    out.count(used)
+    out.add_text(c.text, trusted=True)
+    if out.finish_reason is None and (c.finish_reason == "stop" or out.remaining <= 0):
+        out.finish_reason = "stop" if c.finish_reason == "stop" else "length"

@@ -19,7 +19,10 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from ._exceptions import TargetHTTPError, TargetResponseError
+from typing import Any
+
+from ._exceptions import TargetError, TargetHTTPError, TargetResponseError
+from ._stopping import rule_test
 from ._target import TargetAPI
 
 FILLER = (
@@ -40,10 +43,36 @@ class ProbeReport:
     echo_s_per_context_token: float | None = None
     fanout_s: dict[int, float] = field(default_factory=dict)  # width -> seconds for width x 16 tokens
     fanout_gain: dict[int, float] = field(default_factory=dict)  # width -> tokens/s relative to width 1
+    stop_rule: str | None = None  # which stop string wins when several complete at once (``_stopping``)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# A prompt whose plain answer has tokens of three or more characters.
+STOP_PROBE_PROMPT = 'def greet(name):\n    return f"Hello, {name}! Welcome back."\n\n\ndef farewell(name):\n    return f"'
+
+
+async def probe_stop_rule(target: Any, prompt: str = STOP_PROBE_PROMPT) -> str | None:
+    """Which stop string this server lets win when several complete in one
+    token (``_stopping.RULES``), learned in two small calls: a plain answer
+    with logprobs, then the same with stop strings on which the rules end
+    the text at three different places.  None when it cannot tell (no token
+    long enough, or an answer that fits no rule).  ``target``: the
+    completions API or a chat turn (anything with ``complete``)."""
+    plain = await target.complete(prompt, max_tokens=12, logprobs=1)
+    steps: list[str] = []
+    for unit in plain.units or []:
+        if unit.steps is None:
+            break
+        steps += unit.steps
+    test = rule_test(steps)
+    if test is None:
+        return None
+    stops, tokens, texts = test
+    answer = await target.complete(prompt, max_tokens=tokens, stop=stops)
+    return next((rule for rule, text in texts.items() if text == answer.text), None)
 
 
 async def _timed(call) -> float:
@@ -95,6 +124,10 @@ async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, .
     base = report.fanout_s.get(1)
     if base:
         report.fanout_gain = {w: round(w * base / s, 3) for w, s in report.fanout_s.items()}
+    try:
+        report.stop_rule = await probe_stop_rule(api)
+    except TargetError as exc:
+        report.notes.append(f"stop rule probe failed: {exc}")
     return report
 
 
@@ -146,6 +179,7 @@ def describe(report: ProbeReport) -> list[str]:
         lines.append(f"  echo cost: {curve}{per}")
     if report.fanout_gain:
         lines.append("  fan-out gain (tokens/s vs one request): " + ", ".join(f"x{w}: {g:.2f}" for w, g in report.fanout_gain.items()))
+    lines.append(f"  stop strings: {report.stop_rule or 'rule not learned (earliest-start assumed)'} wins when several complete in one token")
     lines += [f"  note: {n}" for n in report.notes]
     strategy, why = recommend(report)
     lines.append(f"  would choose: {strategy}")

@@ -66,13 +66,28 @@ async def test_chat_stop_strings(served, stop_at):
     assert (result.text, result.finish_reason) == plain_chat(served, messages, 80, stop)
 
 
-async def test_a_conversation_ending_with_an_assistant_message_is_continued(served):
+async def test_an_assistant_message_is_continued_when_asked(served):
     messages = chat_of(PROMPTS["prose"]) + [{"role": "assistant", "content": "The model"}]
     body = {"model": "fake-model", "messages": messages, "max_tokens": 40, "temperature": 0, "continue_final_message": True, "add_generation_prompt": False}
     truth = served.handle(httpx.Request("POST", BASE_URL + "/chat/completions", json=body)).json()["choices"][0]["message"]["content"]
     async with client_for(strategy="echo") as client:
+        result = await client.chat(messages, max_tokens=40, continue_final=True)
+    assert result.text == truth
+
+
+@pytest.mark.parametrize("prefill", ["vllm", "llama", "none"])
+async def test_a_conversation_ending_with_an_assistant_message_equals_the_plain_call(served, prefill):
+    """Issue 17: vLLM and OpenAI start a new turn after it, llama.cpp
+    continues it: by default the client sends the messages as they are, as
+    the plain call does, whatever the server makes of them."""
+    served.chat_prefill = prefill
+    messages = chat_of(PROMPTS["prose"]) + [{"role": "assistant", "content": "The model"}]
+    body = {"model": "fake-model", "messages": messages, "max_tokens": 40, "temperature": 0}
+    truth = served.handle(httpx.Request("POST", BASE_URL + "/chat/completions", json=body)).json()["choices"][0]["message"]["content"]
+    async with client_for() as client:
         result = await client.chat(messages, max_tokens=40)
     assert result.text == truth
+    assert "ends with an assistant message" in result.stats.notes[0]
 
 
 async def test_continuing_an_assistant_message_plainly_probes_first(served):
@@ -82,7 +97,7 @@ async def test_continuing_an_assistant_message_plainly_probes_first(served):
     body = {"model": "fake-model", "messages": messages, "max_tokens": 30, "temperature": 0, "continue_final_message": True, "add_generation_prompt": False}
     truth = served.handle(httpx.Request("POST", BASE_URL + "/chat/completions", json=body)).json()["choices"][0]["message"]["content"]
     async with client_for(drafter=None) as client:
-        result = await client.chat(messages, max_tokens=30)
+        result = await client.chat(messages, max_tokens=30, continue_final=True)
     assert result.text == truth and result.stats.target_calls == 1
 
 
@@ -240,9 +255,11 @@ def test_content_start(tokens, content, start):
 
 def test_chat_turn_prompt_is_the_conversation_then_the_partial_message(fake):
     messages = chat_of("hi") + [{"role": "assistant", "content": "Hel"}]
-    turn = ChatTurn(None, messages)  # type: ignore[arg-type]
+    turn = ChatTurn(None, messages, continue_final=True)  # type: ignore[arg-type]
     assert turn.prompt == conversation_text(messages[:-1]) + "Hel"
     assert turn.messages == messages[:-1]
+    plain = ChatTurn(None, messages)  # type: ignore[arg-type]
+    assert plain.prompt == plain.head == conversation_text(messages) and plain.messages == messages
 
 
 # -- the CLI -------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from typing import Any, Iterable
 
 import httpx
 
+from . import forms
 from .faults import Faults
 
 EOS_TEXT = "<|endoftext|>"
@@ -62,7 +63,29 @@ _CJK = "你好世界的是在不了有我这个人们中大来上国和说到时
 _EMOJI = "😀😃😄😁😆😅😂🙂🙃😉😊😇🥰😍🤩😘😗😚😙😋😛😜🤪😝🤑🤗🤭🤫🤔🤐🤨😐😑😶😏😒🙄😬🤥😌😔😪🤤😴😷🤒🤕🤢🤮🤧🥵🥶🥴😵🤯🤠🥳😎🤓🧐😕😟🙁😮😯😲😳🥺😦😧😨😰😥😢😭😱😖😣😞😓😩😫🥱😤😡😠🤬😈👿💀💩🤡👹👺👻👽👾🤖🎉🚀🔥✨👍👎👋🙏💡📦🐍"
 
 
-def _vocabulary() -> list[bytes]:
+# Byte-level mode: pieces of real byte-level BPE vocabularies that split
+# characters in every way a client can trip over.
+_PREFIXED = ["th", "the", "ther", "there", "them", "then", " th", " the", " there", "in", "int", "inte", "integer", " in", " int"]
+_SPACES = [" ", "  ", "   ", "\t", "\t\t", "\r", "\r\n", "\r\n\r\n", " \n", "\n\n\n", " \r\n", ":\n", ")\n", ".\r\n", "\n\t", "\n  "]
+_MARKS = ["e\u0301", "\u0301", "\u0308", "a\u0308", "\u200d", "\ufe0f", "🇫", "🇷", "\u2764\ufe0f"]
+
+
+def _mixed_pieces() -> list[bytes]:
+    """Byte strings that cut characters: a character's tail bytes with whole
+    characters after it ("\\xad文本"), whole characters with the next one's
+    lead bytes ("中\\xe6"), and emoji pieces with a space."""
+    pieces: list[bytes] = []
+    chars = "中文本字节测试你好世界。，😀🚀👍🙂"
+    for a, b, c in zip(chars, chars[1:], chars[2:]):
+        ra, rb, rc = a.encode(), b.encode(), c.encode()
+        pieces += [ra[1:] + rb, ra[2:] + rb + rc, ra[-1:] + rb, ra + rb[:1], ra + rb[:2], rb[1:] + rc[:1], ra[1:2]]
+    for emoji in "😀🚀👍🙂🎉":
+        raw = emoji.encode()
+        pieces += [b" " + raw[:2], raw[2:] + b" ", raw[1:3], raw[:3], raw[3:] + b"!"]
+    return pieces
+
+
+def _vocabulary(byte_level: bool = False) -> list[bytes]:
     """Byte tokens 0..255 first (the fallback), then longer tokens."""
     tokens: list[bytes] = [bytes([b]) for b in range(256)]
     extra: list[str] = []
@@ -70,9 +93,11 @@ def _vocabulary() -> list[bytes]:
         extra += [word, " " + word, word.capitalize(), " " + word.capitalize()]
     extra += _PIECES
     extra += list(_CJK[: len(_CJK) // 2])  # the other half stays byte-split
+    if byte_level:
+        extra += _PREFIXED + _SPACES + _MARKS
     seen = set(tokens)
-    for text in extra:
-        raw = text.encode()
+    raws = [text.encode() for text in extra] + (_mixed_pieces() if byte_level else [])
+    for raw in raws:
         if raw not in seen:
             seen.add(raw)
             tokens.append(raw)
@@ -86,10 +111,18 @@ def _vocabulary() -> list[bytes]:
 
 
 class FakeTokenizer:
-    """Greedy longest-match tokenizer over UTF-8 bytes, plus one EOS token."""
+    """Greedy longest-match tokenizer over UTF-8 bytes, plus one EOS token.
 
-    def __init__(self) -> None:
-        self.vocab: list[bytes] = _vocabulary()
+    ``byte_level``: a vocabulary that also cuts characters as byte-level
+    BPE ones do (tokens mixing a character's tail bytes with whole
+    characters, whole characters with the next one's lead bytes), with
+    tokens that are prefixes of others, whitespace-only tokens and tokens
+    across newlines and CRLF.
+    """
+
+    def __init__(self, byte_level: bool = False) -> None:
+        self.byte_level = byte_level
+        self.vocab: list[bytes] = _vocabulary(byte_level)
         self.eos_id = len(self.vocab)
         self._ids = {raw: i for i, raw in enumerate(self.vocab)}
         self.max_token_bytes = max(len(raw) for raw in self.vocab)
@@ -244,6 +277,9 @@ class FakeModel:
         whole = [i for i, raw in enumerate(tok.vocab) if len(raw) > 1 and _valid_utf8_prefix(raw) and not _ends_mid_character(raw)]
         ascii_printable = [i for i in range(32, 127)]
         self.free_choices = whole + ascii_printable + [10]
+        if tok.byte_level:  # it also starts characters it does not finish ("中\\xe6")
+            starts_whole = [i for i, raw in enumerate(tok.vocab) if len(raw) > 1 and (raw[0] < 0x80 or raw[0] >= 0xC0)]
+            self.free_choices += [i for i in starts_whole if _valid_utf8_prefix(tok.vocab[i]) and _ends_mid_character(tok.vocab[i])]
         self.completions = [i for i, raw in enumerate(tok.vocab) if not _valid_whole(raw)]
 
     def state(self, ids: Iterable[int]) -> _State:
@@ -278,6 +314,23 @@ class _PacedStream(httpx.AsyncByteStream):
 
 
 @dataclass
+class _Answer:
+    """One greedy generation, before the server renders it."""
+
+    target: "FakeTarget"
+    ids: list[int]  # generated ids, an end-of-text one included
+    raws: list[bytes]  # their bytes (none for the end-of-text)
+    steps: list[str]  # the text each id showed ("" while a character was unfinished)
+    text: str  # the shown text, cut at a stop string
+    finish: str
+    held: bytes = b""  # an unfinished character that max_tokens cut
+
+    def shown(self, stream: bool) -> str:
+        """The whole answer's text, the unfinished end as the server renders it."""
+        return self.text + (forms.lossy(self.held) if self.held and self.target.renders_cut(stream) else "")
+
+
+@dataclass
 class FakeTarget:
     """The fake server: an httpx handler (for respx / MockTransport) and a
     real HTTP server for subprocess tests.
@@ -309,6 +362,14 @@ class FakeTarget:
     chat_prefill: str = "vllm"
     chat_trims: bool = False
     strict_fields: bool = False
+    # How logprobs show tokens that split characters (``forms.FORMS``:
+    # "vllm-legacy", "vllm" for vLLM 0.32, "openai", "token-id", "llama"),
+    # and which stop string wins when several complete at once
+    # (``_stopping.RULES``).  An unfinished character at the end shows as
+    # U+FFFD in "vllm-legacy" and in llama.cpp's non-streamed answers; vLLM
+    # 0.32 and llama.cpp's streams drop it.
+    token_form: str = "vllm-legacy"
+    stop_rule: str = "first-listed"
     model: FakeModel = field(default_factory=FakeModel)
     requests: list[dict[str, Any]] = field(default_factory=list)
 
@@ -316,29 +377,75 @@ class FakeTarget:
     def tokenizer(self) -> FakeTokenizer:
         return self.model.tokenizer
 
+    def renders_cut(self, stream: bool) -> bool:
+        """Does an unfinished character at the end show (as U+FFFD)?"""
+        return self.token_form == "vllm-legacy" or (self.token_form == "llama" and not stream)
+
     # -- the model as a plain greedy generator (what a plain call returns) --
 
-    def generate(self, prompt: str, max_tokens: int = 16, stop: list[str] | None = None) -> tuple[str, str, list[int]]:
-        """(text, finish_reason, generated ids) exactly as a plain call returns them."""
-        prompt_ids = self.tokenizer.encode(prompt)
+    def generate(self, prompt: str, max_tokens: int = 16, stop: list[str] | None = None, *, stream: bool = False) -> tuple[str, str, list[int]]:
+        """(text, finish_reason, generated ids) exactly as a plain call returns
+        them (``stream``: as a plain streamed call's text adds up)."""
+        answer = self._decode(self.tokenizer.encode(prompt), max_tokens, stop or [])
+        return answer.shown(stream), answer.finish, answer.ids
+
+    def _decode(self, prompt_ids: list[int], max_tokens: int, stop: list[str]) -> "_Answer":
+        """Greedy decoding with the server's detokenizer and stop rule.
+
+        Text shows as vLLM's incremental detokenizer and llama.cpp show it: a
+        token that leaves a character unfinished shows nothing, the one that
+        completes it shows all that was held (``forms.visible_steps``).
+        Stop strings are looked for in that text after each token that
+        showed some, by ``stop_rule``.
+        """
         st = self.model.state(prompt_ids)
-        out: list[int] = []
-        # Like vLLM's detokenizer, hold back a character until all its bytes
-        # are in; stop strings are looked for in that text.
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text = ""
-        while len(out) < max_tokens:
+        answer = _Answer(self, [], [], [], "", "length")
+        held, sent = b"", [0]
+        while len(answer.ids) < max_tokens:
             (token, _), _ = st.ranked()
-            out.append(token)
+            answer.ids.append(token)
             if token == self.tokenizer.eos_id:
-                return text, "stop", out
+                answer.finish = "stop"
+                answer.steps.append("")
+                break
             st.append(token)
-            new = decoder.decode(self.tokenizer.token_bytes(token))
-            text += new
-            cut = _find_stop(text, len(new), stop or [])
+            raw = self.tokenizer.token_bytes(token)
+            answer.raws.append(raw)
+            held += raw
+            new, held = (forms.lossy(held), b"") if forms.is_whole(held) else ("", held)
+            answer.steps.append(new)
+            answer.text += new
+            cut = self._stop_cut(answer.text, new, raw, stop, sent) if new and stop else None
             if cut is not None:
-                return text[:cut], "stop", out
-        return text + decoder.decode(b"", final=True), "length", out
+                answer.text, answer.finish = answer.text[:cut], "stop"
+                break
+        answer.held = held if answer.finish == "length" else b""
+        return answer
+
+    def _stop_cut(self, text: str, new: str, raw: bytes, stop: list[str], sent: list[int]) -> int | None:
+        """Where the server cuts ``text`` after a token that showed ``new``."""
+        if self.stop_rule == "earliest-start":
+            # llama.cpp: in bytes, in the text not sent yet, each stop from
+            # (length - stop - this token's bytes); the earliest start wins.
+            # A tail that could begin a stop is not sent yet.
+            data = text.encode()
+            unsent = data[sent[0] :]
+            starts = [unsent.find(w, max(0, len(unsent) - len(w) - len(raw))) for w in (s.encode() for s in stop)]
+            starts = [p for p in starts if p != -1]
+            if starts:
+                return len(data[: sent[0] + min(starts)].decode())
+            if not any(unsent.endswith(w[:k]) for w in (s.encode() for s in stop) for k in range(1, min(len(unsent), len(w)) + 1)):
+                sent[0] = len(data)
+            return None
+        found = []
+        for order, s in enumerate(stop):
+            index = text.find(s, max(0, len(text) - len(new) - len(s) + 1))
+            if index == -1:
+                continue
+            if self.stop_rule == "first-listed":
+                return index
+            found.append((index + len(s), order, index))  # vLLM 0.32: completes first, then list order
+        return min(found)[2] if found else None
 
     # -- HTTP ---------------------------------------------------------------
 
@@ -386,6 +493,9 @@ class FakeTarget:
             return 200, {"object": "list", "data": [{"id": self.model_name, "object": "model"}]}, None
         if method == "POST" and path.endswith("/tokenize") and not path.startswith("/v1"):
             return self._tokenize(content)  # vLLM's, at the server's root
+        if method == "POST" and path.endswith("/detokenize") and not path.startswith("/v1"):
+            ids = json.loads(content or b"{}").get("tokens") or []
+            return 200, {"prompt": self.tokenizer.decode(int(i) for i in ids)}, None
         if method != "POST" or not path.endswith("/completions"):
             return self._error(404, f"Not Found: {path}", "NotFoundError")
         try:
@@ -407,7 +517,7 @@ class FakeTarget:
         if "messages" in body:
             text = self.render_chat(body["messages"], add_generation_prompt=body.get("add_generation_prompt", True))
         else:
-            text = body.get("prompt", "")
+            text = body.get("prompt", body.get("content", ""))  # vLLM's field, llama.cpp's
         ids = self.tokenizer.encode(text)
         return 200, {"count": len(ids), "max_model_len": self.context_window or 32768, "tokens": ids}, None
 
@@ -458,7 +568,8 @@ class FakeTarget:
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else list(stop)
         prompt_ids = tok.encode(prompt)
-        text, finish, out = self.generate(prompt, max_tokens, stop)
+        answer = self._decode(prompt_ids, max_tokens, stop)
+        text, finish, out = answer.shown(bool(body.get("stream"))), answer.finish, answer.ids
         wants_prompt_logprobs = self.chat_prefill == "vllm" and body.get("prompt_logprobs") is not None
         self.requests.append(dict(body, _generated=len(out), _prefilled=len(prompt_ids) if wants_prompt_logprobs else 0, _rendered=prompt))
         usage: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out), "total_tokens": len(prompt_ids) + len(out)}
@@ -474,7 +585,7 @@ class FakeTarget:
         # only the new tokens.
         repeated = messages[-1]["content"] if continue_final and self.chat_prefill == "llama" else ""
         if body.get("stream"):
-            chunks = self._chat_chunks(out, text, finish, usage, body)
+            chunks = self._chat_chunks(answer, usage, body, prompt_ids)
             if repeated:
                 first = next(c for c in chunks[1:] if c["choices"][0]["delta"].get("content") is not None)
                 first["choices"][0]["delta"]["content"] = repeated + first["choices"][0]["delta"]["content"]
@@ -484,23 +595,33 @@ class FakeTarget:
             text = messages[-1]["content"] + text
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}
         if body.get("logprobs"):
-            choice["logprobs"] = {"content": self._chat_logprobs(prompt_ids, out)}
+            choice["logprobs"] = {"content": self._content_logprobs(self._rendered(out, self._rankings(prompt_ids, out)))}
         answer = {"id": "chatcmpl-fake", "object": "chat.completion", "model": self.model_name, "choices": [choice], "usage": usage}
         if wants_prompt_logprobs:
             answer["prompt_logprobs"] = self._prompt_logprobs(prompt_ids)
         return 200, answer, None
 
-    def _chat_logprobs(self, prompt_ids: list[int], generated: list[int]) -> list[dict]:
-        legacy = self._logprobs([], generated, prompt_ids)
+    def _content_logprobs(self, entries: list[tuple[int, str, float | None, dict | None]]) -> list[dict]:
+        """Logprobs in the chat (and llama.cpp's) ``content`` list format.
+        llama.cpp gives each top candidate its own bytes (the chosen token's
+        own, where its entry's text holds pieces before it)."""
+        own = {}
+        for token, _, _, top in entries:
+            if self.token_form == "llama" and top:
+                own[token] = list(self.tokenizer.token_bytes(token))
         return [
-            {"token": token, "logprob": lp, "top_logprobs": [{"token": t, "logprob": v} for t, v in (top or {}).items()]}
-            for token, lp, top in zip(legacy["tokens"], legacy["token_logprobs"], legacy["top_logprobs"])
+            {"id": token, "token": text, "bytes": list(text.encode("utf-8", "surrogatepass")), "logprob": lp,
+             "top_logprobs": [dict({"token": t, "logprob": v}, **({"bytes": own[token]} if token in own and v == lp else {}))
+                              for t, v in (top or {}).items()]}
+            for token, text, lp, top in entries
         ]
 
     def _prompt_logprobs(self, prompt_ids: list[int]) -> list[dict | None]:
         """vLLM's ``prompt_logprobs=1``: per prompt position, the prompt's own
         token and the model's top choice, keyed by token id, with rank."""
         st = self.model.state([])
+        form = "vllm-legacy" if self.token_form == "llama" else self.token_form
+        raws = [self.tokenizer.token_bytes(t) for t in prompt_ids]
         entries: list[dict | None] = []
         for i, token in enumerate(prompt_ids):
             if i == 0:
@@ -509,25 +630,22 @@ class FakeTarget:
                 (t1, lp1), (t2, lp2) = st.ranked()
                 own = lp1 if token == t1 else lp2 if token == t2 else lp2 - 3.0 - (token % 5) / 10.0
                 rank = 1 if token == t1 else 2 if token == t2 else 3 + token % 7
-                entry = {str(token): {"logprob": own, "rank": rank, "decoded_token": self.tokenizer.token_text(token)}}
+                entry = {str(token): {"logprob": own, "rank": rank, "decoded_token": forms.token_string(form, raws, i, token)}}
                 if token != t1:
-                    entry[str(t1)] = {"logprob": lp1, "rank": 1, "decoded_token": self.tokenizer.token_text(t1)}
+                    entry[str(t1)] = {"logprob": lp1, "rank": 1, "decoded_token": self._candidate(raws, i, t1, form)}
                 entries.append(entry)
             st.append(token)
         return entries
 
-    def _chat_chunks(self, out: list[int], text: str, finish: str, usage: dict, body: dict) -> list[dict]:
+    def _chat_chunks(self, answer: "_Answer", usage: dict, body: dict, prompt_ids: list[int] | None = None) -> list[dict]:
         """The completions stream's pieces, as chat deltas."""
         chunks = [{"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": self.model_name,
                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}]}]
-        for chunk in self._stream_chunks(out, text, finish, usage, dict(body, logprobs=1 if body.get("logprobs") else None)):
+        for chunk in self._stream_chunks(answer, usage, dict(body, logprobs=1 if body.get("logprobs") else None), content_format=True, prompt_ids=prompt_ids):
             choice = chunk["choices"][0]
-            logprobs = choice["logprobs"]
-            if logprobs is not None:
-                logprobs = {"content": [{"token": t, "logprob": None, "top_logprobs": []} for t in logprobs["tokens"]]}
             delta = {"content": choice["text"]} if choice["text"] or choice["finish_reason"] is None else {}
             converted = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": self.model_name,
-                         "choices": [{"index": 0, "delta": delta, "finish_reason": choice["finish_reason"], "logprobs": logprobs}]}
+                         "choices": [{"index": 0, "delta": delta, "finish_reason": choice["finish_reason"], "logprobs": choice["logprobs"]}]}
             if "usage" in chunk:
                 converted["usage"] = chunk["usage"]
             chunks.append(converted)
@@ -552,80 +670,127 @@ class FakeTarget:
                 "Please reduce the length of the messages or completion.",
                 "BadRequestError",
             )
-        text, finish, out = self.generate(prompt, max_tokens, stop)
+        answer = self._decode(prompt_ids, max_tokens, stop)
+        out = answer.ids
         record = dict(body, _generated=len(out), _prefilled=len(prompt_ids) if echo else 0)
         self.requests.append(record)
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out), "total_tokens": len(prompt_ids) + len(out)}
         if body.get("stream"):
-            return 200, {}, self._stream_chunks(out, text, finish, usage, body)
-        choice: dict[str, Any] = {"index": 0, "text": (prompt + text) if echo else text, "finish_reason": finish, "logprobs": None}
+            return 200, {}, self._stream_chunks(answer, usage, body, prompt_ids=prompt_ids)
+        text = answer.shown(stream=False)
+        choice: dict[str, Any] = {"index": 0, "text": (prompt + text) if echo else text, "finish_reason": answer.finish, "logprobs": None}
         if logprobs is not None:
-            choice["logprobs"] = self._logprobs(prompt_ids if echo else [], out, prompt_ids)
-        return 200, {"id": "cmpl-fake", "object": "text_completion", "model": self.model_name, "choices": [choice], "usage": usage}, None
+            entries = (self._rendered(prompt_ids, self._rankings([], prompt_ids)) if echo else []) + self._rendered(out, self._rankings(prompt_ids, out))
+            if self.token_form == "llama":
+                choice["logprobs"] = {"content": self._content_logprobs(entries)}
+            else:
+                choice["logprobs"] = self._legacy_logprobs(entries)
+        answer = {"id": "cmpl-fake", "object": "text_completion", "model": self.model_name, "choices": [choice], "usage": usage}
+        if self.token_form == "llama":
+            answer["timings"] = {"predicted_n": len(out)}  # llama.cpp's server sends its timings
+        return 200, answer, None
 
-    def _logprobs(self, echoed: list[int], generated: list[int], prompt_ids: list[int]) -> dict:
-        tok = self.tokenizer
-        st = self.model.state([])
-        tokens, token_lps, tops, offsets = [], [], [], []
-        offset = 0
+    def _rankings(self, before: list[int], ids: list[int]) -> list[tuple | None]:
+        """The model's top two at each of ``ids``' positions, after ``before``
+        (None at the very first position of a text: nothing predicts it)."""
+        st = self.model.state(before)
+        ranked: list[tuple | None] = []
+        for token in ids:
+            ranked.append(st.ranked() if st.ids else None)
+            st.append(token)
+        return ranked
 
-        def add(token: int, ranked: tuple | None) -> None:
-            nonlocal offset
-            text = tok.token_text(token)
-            tokens.append(text)
-            offsets.append(offset)
-            offset += len(text)
-            if ranked is None:
-                token_lps.append(None)
-                tops.append(None)
-                return
-            (t1, lp1), (t2, lp2) = ranked
+    def _candidate(self, raws: list[bytes], k: int, token: int, form: str | None = None) -> str:
+        """How a candidate for position ``k`` shows in top_logprobs."""
+        form = form or self.token_form
+        if token == self.tokenizer.eos_id:
+            return "" if form == "llama" else EOS_TEXT
+        return forms.candidate_string(form, raws, k, self.tokenizer.token_bytes(token), token)
+
+    def _rendered(self, ids: list[int], ranked: list[tuple | None]) -> list[tuple[int, str, float | None, dict | None]]:
+        """Logprobs entries (token id, string, logprob, top dict) for ``ids``,
+        as ``token_form`` shows them.  llama.cpp lists only the tokens that
+        leave the text whole, each with the text of those it left out."""
+        tok, form = self.tokenizer, self.token_form
+        raws = [tok.token_bytes(t) for t in ids]
+        if form == "llama":
+            body = len(ids) - (1 if ids and ids[-1] == tok.eos_id else 0)
+            groups = forms.llama_entries(raws[:body]) + ([(body, body)] if body < len(ids) else [])
+        else:
+            groups = [(k, k) for k in range(len(ids))]
+        entries = []
+        for first, last in groups:
+            token = ids[last]
+            if token == tok.eos_id:
+                text = "" if form == "llama" else EOS_TEXT
+            elif form == "llama":
+                text = forms.lossy(b"".join(raws[first : last + 1]))
+            else:
+                text = forms.token_string(form, raws, last, token)
+            if ranked[last] is None:
+                entries.append((token, text, None, None))
+                continue
+            (t1, lp1), (t2, lp2) = ranked[last]
             own = lp1 if token == t1 else lp2 if token == t2 else lp2 - 3.0 - (token % 5) / 10.0
-            token_lps.append(own)
             # vLLM builds the dict from ids, then decodes keys: colliding
             # strings keep the later entry.  The chosen token goes in last.
-            top = {tok.token_text(t1): lp1}
-            top[text] = own
-            tops.append(top)
+            top = {self._candidate(raws, last, t1): lp1}
+            top[self._candidate(raws, last, token)] = own
+            entries.append((token, text, own, top))
+        return entries
 
-        for i, token in enumerate(echoed):
-            add(token, st.ranked() if i else None)
-            st.append(token)
-        if not echoed:
-            st = self.model.state(prompt_ids)
-        for token in generated:
-            add(token, st.ranked())
-            st.append(token)
-        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+    def _legacy_logprobs(self, entries: list[tuple[int, str, float | None, dict | None]]) -> dict:
+        """The legacy completions format; ``text_offset`` is the running sum
+        of the token strings' lengths (so it is wrong after a lossy one)."""
+        offsets, offset = [], 0
+        for _, text, _, _ in entries:
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": [e[1] for e in entries], "token_logprobs": [e[2] for e in entries],
+                "top_logprobs": [e[3] for e in entries], "text_offset": offsets}
 
-    def _stream_chunks(self, out: list[int], text: str, finish: str, usage: dict, body: dict) -> list[dict]:
-        chunks, sent = [], ""
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        decoded = ""
+    def _stream_chunks(self, answer: "_Answer", usage: dict, body: dict, content_format: bool = False, prompt_ids: list[int] | None = None) -> list[dict]:
+        """One chunk per token, as vLLM streams with logprobs (even for a token
+        that shows no text); without logprobs, only chunks with text.  In
+        llama.cpp's form, one per token that leaves the text whole."""
+        chunks, sent, shown = [], "", ""
+        final = answer.shown(stream=True)
         with_logprobs = body.get("logprobs") is not None
-        for token in out:
-            # The incremental decoder holds back incomplete characters, as
-            # vLLM's detokenizer does; stop truncation caps what is visible.
-            decoded += decoder.decode(self.tokenizer.token_bytes(token))
-            visible = text[: len(decoded)]
+        # llama.cpp's entries carry their top candidates (with their bytes).
+        ranked = self._rankings(prompt_ids, answer.ids) if self.token_form == "llama" and with_logprobs and prompt_ids is not None else [None] * len(answer.ids)
+        entries = self._rendered(answer.ids, ranked)
+        ends = [last for last in range(len(answer.ids))] if self.token_form != "llama" else None
+        if ends is None:
+            raws = [self.tokenizer.token_bytes(t) for t in answer.ids]
+            body_len = len(answer.ids) - (1 if answer.ids and answer.ids[-1] == self.tokenizer.eos_id else 0)
+            ends = [last for _, last in forms.llama_entries(raws[:body_len])] + ([body_len] if body_len < len(answer.ids) else [])
+        steps = answer.steps
+        k = 0
+        for entry, last in zip(entries, ends):
+            while k <= last and k < len(steps):
+                shown += steps[k]
+                k += 1
+            # Stop truncation caps what is visible.
+            visible = final[: len(shown)]
             if with_logprobs:
-                # vLLM sends one chunk per token with logprobs, even when the
-                # token adds no visible text (a piece of a character).
-                chunks.append(self._chunk(visible[len(sent) :], None, [self.tokenizer.token_text(token)]))
+                if content_format or self.token_form == "llama":
+                    logprobs = {"content": self._content_logprobs([entry])}
+                else:
+                    logprobs = {"tokens": [entry[1]], "token_logprobs": [None], "top_logprobs": [None]}
+                chunks.append(self._chunk(visible[len(sent) :], None, logprobs))
                 sent = visible
             elif len(visible) > len(sent):
                 chunks.append(self._chunk(visible[len(sent) :], None))
                 sent = visible
-        if len(text) > len(sent):
-            chunks.append(self._chunk(text[len(sent) :], None))
-        last = self._chunk("", finish)
+        if len(final) > len(sent):
+            chunks.append(self._chunk(final[len(sent) :], None))
+        last_chunk = self._chunk("", answer.finish)
         if (body.get("stream_options") or {}).get("include_usage"):
-            last["usage"] = usage
-        chunks.append(last)
+            last_chunk["usage"] = usage
+        chunks.append(last_chunk)
         return chunks
 
-    def _chunk(self, text: str, finish: str | None, tokens: list[str] | None = None) -> dict:
-        logprobs = None if tokens is None else {"tokens": tokens, "token_logprobs": [None] * len(tokens), "top_logprobs": [None] * len(tokens)}
+    def _chunk(self, text: str, finish: str | None, logprobs: dict | None = None) -> dict:
         return {"id": "cmpl-fake", "object": "text_completion", "model": self.model_name,
                 "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}]}
 
@@ -730,18 +895,6 @@ class FakeTarget:
         server = Server((host, port), Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
-
-
-def _find_stop(text: str, new_chars: int, stop: list[str]) -> int | None:
-    """vLLM's rule: after each token, look for each stop string (in order)
-    in the tail that the new characters could complete."""
-    for s in stop:
-        if not s:
-            continue
-        index = text.find(s, max(0, len(text) - new_chars - len(s) + 1))
-        if index != -1:
-            return index
-    return None
 
 
 def main() -> None:  # pragma: no cover - exercised by the CLI subprocess tests

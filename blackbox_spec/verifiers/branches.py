@@ -40,6 +40,7 @@ class LiveText:
     def __init__(self) -> None:
         self.text = ""
         self.tokens: list[str] = []
+        self.own_bytes: list[int | None] = []  # per token, where the server says (``_target.own_bytes``)
         self.used_chars = 0
         self.used_tokens = 0
         # Text that came without token strings: no safe cut is known after
@@ -54,6 +55,7 @@ class LiveText:
         if self.opaque_tail:
             return []
         self.tokens += piece.tokens
+        self.own_bytes += piece.own_bytes or [None] * len(piece.tokens)
         return align_tokens(self.text[self.used_chars :], self.tokens[self.used_tokens :], partial=True)
 
     def consume(self, units: list[Unit]) -> str:

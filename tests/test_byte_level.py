@@ -1,0 +1,121 @@
+"""Exactness against servers with byte-level tokenizers (issue 17).
+
+The fake target's byte-level mode splits characters the way byte-level BPE
+vocabularies do (a character's tail bytes with whole characters after them,
+whole characters with the next one's lead bytes, emoji pieces with a space),
+and shows those tokens in each form a real server uses (``testing.forms``):
+older vLLM, vLLM 0.32, OpenAI's ``bytes:``, vLLM's token ids, llama.cpp's
+server.  Its stop rule is each server's own.  For random prompts with emoji,
+CJK, combining marks, ZWJ sequences, CRLF and tabs, limits that end inside a
+character and overlapping stop strings, every strategy and both text
+drafters must return the plain call's text and finish reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import respx
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from blackbox_spec import SpecClient
+from blackbox_spec._stopping import RULES
+from blackbox_spec.testing import FakeModel, FakeTarget, FakeTokenizer
+from blackbox_spec.testing.forms import FORMS
+
+from .conftest import API_KEY, BASE_URL
+
+MODEL = FakeModel(FakeTokenizer(byte_level=True), deviate_every=7)
+COPYING = FakeModel(FakeTokenizer(byte_level=True), deviate_every=1000, eos_every=10000)
+
+FRAGMENTS = [
+    "中文本字节测试", "你好世界。", "😀🚀", " 😀 🚀 ", "👍🙂🎉", "👨\u200d👩\u200d👧", "🇫🇷", "e\u0301t\u00e9", "a\u0308",
+    "the there then", " integer in int", "\r\n", "\t", "\r\n\r\n", "def f():\n\treturn 1\r\n", "字节中文", "：", "ab c",
+]
+prompts = st.lists(
+    st.one_of(st.sampled_from(FRAGMENTS), st.text(alphabet="ab\t\r\n中文😀🚀\u0301 ", min_size=1, max_size=6)),
+    min_size=1, max_size=8,
+).map("".join)
+stops = st.one_of(
+    st.none(),
+    st.lists(st.sampled_from(["😀", "文", "字节", "\r\n", "the", "he", "e", "。", "🚀 ", " ", "\u0301", "ab", "b"]), min_size=1, max_size=3, unique=True),
+)
+
+
+# Each server's own pairing: llama.cpp's token strings come with its stop rule.
+PAIRS = [(form, rule) for form in FORMS for rule in RULES if (form == "llama") == (rule == "earliest-start")]
+pairs = st.sampled_from(PAIRS)
+
+
+def target(form: str, rule: str, model: FakeModel = MODEL) -> FakeTarget:
+    return FakeTarget(model=model, token_form=form, stop_rule=rule, echo="yes" if form != "llama" else "refuse")
+
+
+async def _speculate(fake: FakeTarget, prompt, max_tokens, stop, strategy, drafter):
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        router.post("/completions").mock(side_effect=fake.handle_async)
+        for path in ("/detokenize", "/tokenize"):
+            router.post(BASE_URL.removesuffix("/v1") + path).mock(side_effect=fake.handle_async)
+        async with SpecClient(BASE_URL, API_KEY, "fake-model", strategy=strategy, drafter=drafter) as client:
+            return await client.generate(prompt, max_tokens=max_tokens, stop=stop)
+
+
+def check(fake: FakeTarget, prompt: str, max_tokens: int, stop, strategy: str, drafter: str = "ngram") -> None:
+    expected, finish, _ = fake.generate(prompt, max_tokens, stop)
+    result = asyncio.run(_speculate(fake, prompt, max_tokens, stop, strategy, drafter))
+    assert (result.text, result.finish_reason) == (expected, finish)
+    assert result.stats.output_tokens <= max_tokens
+
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(prompts, st.integers(1, 60), stops, pairs, st.sampled_from(["ngram", "suffix"]))
+def test_auto_is_exact_on_every_form(prompt, max_tokens, stop, pair, drafter):
+    check(target(*pair), prompt, max_tokens, stop, "auto", drafter)
+
+
+@SETTINGS
+@given(prompts, st.integers(1, 60), stops, st.sampled_from([p for p in PAIRS if p[0] != "llama"]))
+@example("中文本中文本中文本", 5, None, ("vllm", "earliest-end"))
+def test_echo_is_exact_on_every_form(prompt, max_tokens, stop, pair):
+    check(target(*pair), prompt, max_tokens, stop, "echo")
+
+
+@SETTINGS
+@given(prompts, st.integers(1, 60), stops, pairs, st.sampled_from(["ngram", "suffix"]))
+def test_fanout_is_exact_on_every_form(prompt, max_tokens, stop, pair, drafter):
+    check(target(*pair), prompt, max_tokens, stop, "fanout", drafter)
+
+
+@SETTINGS
+@given(prompts.map(lambda p: p * 4), st.integers(1, 90), stops, pairs)
+def test_side_branches_are_exact_on_every_form(prompt, max_tokens, stop, pair):
+    """A target that mostly copies, echo refused: the plain stream with side
+    branches, which the text jumps onto often."""
+    fake = target(*pair, COPYING)
+    fake.echo, fake.decode_s = "refuse", 0.002
+    check(fake, prompt, max_tokens, stop, "auto")
+
+
+def test_stop_inside_one_split_unit_follows_the_servers_order():
+    """Issue 17, item 2: with stop=["🚀", "😀"] over repeated "😀🚀", the
+    server checks after every token, so "😀" ends the text first."""
+    for form in ("vllm-legacy", "vllm"):
+        for strategy in ("auto", "echo", "fanout"):
+            check(target(form, "first-listed"), "😀🚀" * 12, 40, ["🚀", "😀"], strategy)
+
+
+def test_the_stop_rule_is_learned_from_the_server():
+    for form, rule in [("vllm-legacy", "first-listed"), ("vllm", "earliest-end"), ("llama", "earliest-start")]:
+        fake = target(form, rule)
+
+        async def learn():
+            with respx.mock(base_url=BASE_URL) as router:
+                router.post("/completions").mock(side_effect=fake.handle_async)
+                async with SpecClient(BASE_URL, API_KEY, "fake-model") as client:
+                    return await client.learn_stop_rule()
+
+        assert asyncio.run(learn()) == rule
