@@ -256,3 +256,45 @@ def test_cli_local_errors_are_one_line(model_folders, tmp_path, capsys, extra, m
     assert code != 0
     errors = [line for line in err.splitlines() if not line.startswith("[bspec] loading")]
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in err
+
+
+# -- bad input that crashed (issue 17) ------------------------------------------------
+
+
+def test_ended_rows_stop_growing_so_learned_positions_stay_in_range(pair):
+    """Rows that have ended still go through each batch, as holes: a model
+    with learned positions (GPT-2) has no position past the one checked."""
+    target, _ = pair
+    positions = len(PROMPT) + 10 + 3 + 1
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=positions, initializer_range=0.3,
+                                     bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(5)
+    gpt = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float64).eval().to(DEVICE)
+    draft = copy.deepcopy(gpt)
+    with torch.no_grad():
+        for weight in draft.parameters():
+            weight.add_(0.05 * torch.randn_like(weight))
+    engine = LocalSpeculator(gpt, draft, None, gamma=3)
+    engine.ends = torch.tensor([0], device=DEVICE)
+    out = engine.sample_tokens(PROMPT, max_tokens=10, sampling=SETTINGS["T=1.0"], generator=as_generator(2, DEVICE), rows=64)
+    assert out.shape == (64, 10)
+    assert int(engine.target.lengths.max()) <= positions and int(engine.draft.lengths.max()) <= positions
+    ended = [row for row in out.tolist() if 0 in row]
+    assert ended and len(ended) < 64  # rows ended at different rounds
+
+
+def test_bad_limits_are_configuration_errors_and_a_tiny_temperature_is_greedy(pair):
+    target, draft = pair
+    engine = LocalSpeculator(target, draft, None, gamma=2)
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ConfigurationError, match="max_tokens"):
+            engine.sample_tokens(PROMPT, max_tokens=bad, sampling=SETTINGS["T=1.0"], generator=as_generator(0, DEVICE))
+    for bad in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValueError, match="temperature"):
+            SamplingParams(temperature=bad)
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0 - 1e-6]], dtype=torch.float64)
+    probs = sampling_probs(logits, SamplingParams(temperature=1e-40))
+    assert not torch.isnan(probs).any() and probs[0].tolist() == [0.0, 1.0, 0.0, 0.0]
+    greedy = engine.sample_tokens(PROMPT, max_tokens=6, sampling=SamplingParams(temperature=0), generator=as_generator(0, DEVICE))
+    tiny = engine.sample_tokens(PROMPT, max_tokens=6, sampling=SamplingParams(temperature=1e-38), generator=as_generator(0, DEVICE))
+    assert torch.equal(greedy, tiny)

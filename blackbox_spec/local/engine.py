@@ -72,8 +72,9 @@ class CachedLM:
         rejected), then crop the tail that every row has forgotten."""
         width = self.mask.shape[1]
         newest = torch.arange(width, device=self.device) >= width - counts.unsqueeze(1)
+        # Only tokens count: a row that has ended feeds holes (see sample_tokens).
+        self.lengths = self.lengths - self.mask.masked_fill(~newest, 0).sum(1)
         self.mask = self.mask.masked_fill(newest, 0)
-        self.lengths = self.lengths - counts
         used = self.mask.any(0).nonzero()
         keep = int(used[-1]) + 1 if len(used) else 0
         if keep < width:
@@ -205,6 +206,10 @@ class LocalSpeculator:
         each row cut after its first end token and padded with ``NO_TOKEN``."""
         if not prompt_ids:
             raise ConfigurationError("the prompt has no tokens")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ConfigurationError(f"max_tokens must be a positive integer, not {max_tokens!r}")
+        if rows < 1:
+            raise ConfigurationError(f"rows must be at least 1, not {rows!r}")
         if len(prompt_ids) + max_tokens + self.gamma + 1 > self.max_positions:
             raise ConfigurationError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the target's {self.max_positions} positions")
         if not _same_device(generator.device, self.target.device):
@@ -231,6 +236,9 @@ class LocalSpeculator:
         while not bool(done.all()):
             # Never draft past max_tokens: the last token needs no draft.
             k = min(gamma, max_tokens - 1 - int(count[~done].min()))
+            # Rows that have ended still go through the batch (their draws keep
+            # a seed's stream), but as holes: their positions stop growing.
+            running = (~done).unsqueeze(1)
             clock = time.perf_counter()
 
             # 1. Draft k tokens, each sampled from q (logits fitted to the target's vocabulary).
@@ -241,14 +249,14 @@ class LocalSpeculator:
                 x_i = sample(q_i, generator)
                 drafted.append(x_i)
                 q_rows.append(q_i)
-                draft_pending, draft_valid = x_i.unsqueeze(1), torch.ones((rows, 1), dtype=torch.bool, device=device)
+                draft_pending, draft_valid = x_i.unsqueeze(1), running.clone()
             draft_tokens = torch.stack(drafted, 1) if drafted else torch.zeros((rows, 0), dtype=torch.int64, device=device)
             _synchronize(device)
             drafted_at = time.perf_counter()
 
             # 2. One target forward over the pending token(s) and the draft: k+1 rows of p.
             ids = torch.cat([target_pending, draft_tokens], 1)
-            valid = torch.cat([target_valid, torch.ones_like(draft_tokens, dtype=torch.bool)], 1)
+            valid = torch.cat([target_valid, running.expand_as(draft_tokens)], 1)
             p = sampling_probs(target.forward(ids, valid, last=k + 1), sampling)
 
             # 3. Accept draft tokens with min(1, p/q); the first rejection is
@@ -261,7 +269,7 @@ class LocalSpeculator:
             # 4. Roll both caches back past the rejected tokens and queue what
             #    each model has not seen yet.
             target.forget_last(k - n_accepted)
-            target_pending, target_valid = last.unsqueeze(1), torch.ones((rows, 1), dtype=torch.bool, device=device)
+            target_pending, target_valid = last.unsqueeze(1), None  # valid: set below, once this round's ends are known
             if draft is not None:
                 if k > 0:  # the draft saw x_1..x_{k-1}; x_k was sampled, never fed
                     draft.forget_last((k - 1 - n_accepted).clamp_min(0))
@@ -269,9 +277,7 @@ class LocalSpeculator:
                 else:
                     unseen, unseen_valid = draft_pending, draft_valid
                 draft_pending = torch.cat([unseen, last.unsqueeze(1)], 1)
-                draft_valid = torch.cat([unseen_valid, torch.ones((rows, 1), dtype=torch.bool, device=device)], 1)
-                if not bool(draft_valid[:, 0].any()):  # every row has one new token: no hole column
-                    draft_pending, draft_valid = draft_pending[:, 1:], draft_valid[:, 1:]
+                draft_valid = torch.cat([unseen_valid & running, running], 1)
 
             # 5. Emit: rows still running append their tokens, and stop at an
             #    end token or at max_tokens.
@@ -282,6 +288,11 @@ class LocalSpeculator:
             ended = (torch.isin(tokens, self.ends) & keep).any(1)
             count = count + torch.where(live, n, 0)
             done = done | ended | (count >= max_tokens)
+            target_valid = (~done).unsqueeze(1)
+            if draft is not None:
+                draft_valid = draft_valid & target_valid
+                if not bool(draft_valid[:, 0].any()):  # no row feeds the first column: drop it
+                    draft_pending, draft_valid = draft_pending[:, 1:], draft_valid[:, 1:]
             _synchronize(device)
             verified_at = time.perf_counter()
 

@@ -23,6 +23,8 @@ and take an explicit ``torch.Generator`` so that a seed reproduces a run.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,8 +48,8 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
@@ -70,7 +72,9 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         logits = logits.float()  # half-precision softmax loses the tail
     if params.greedy:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    logits = logits / params.temperature
+    # Shifted first, so a tiny temperature sends the others to -inf instead
+    # of the largest to inf (inf - inf is NaN): the limit is greedy, ties shared.
+    logits = (logits - logits.amax(-1, keepdim=True)) / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
