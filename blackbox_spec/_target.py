@@ -289,6 +289,18 @@ class TargetAPI:
             return None
         return len(whole) - len(head)
 
+    async def boundary_holds(self, prompt: str, text: str) -> bool | None:
+        """Does the server tokenize ``prompt + text`` with the prompt's own
+        tokens first?  A prompt that ends inside what the model continues
+        ("…Par" + "is") comes back as one token ("Paris") when the text is
+        sent again, and the model then sees something it never saw: every
+        speculative call would leave the plain call's path.  None where the
+        server can't tokenize."""
+        head, whole = await asyncio.gather(self.tokenize(prompt), self.tokenize(prompt + text))
+        if head is None or whole is None:
+            return None
+        return whole[: len(head)] == head
+
     async def _name_token_ids(self, data: Any) -> None:
         """vLLM's ``--return-tokens-as-token-ids`` shows tokens as
         ``"token_id:N"``: each is named by ``/detokenize`` (once per id and

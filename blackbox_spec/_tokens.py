@@ -391,6 +391,28 @@ def _readable_top(top: dict[str, float] | None) -> str | None:
     return best[0] if best is not None and not is_opaque(best[0]) else None
 
 
+def risky_boundary(prompt: str, text: str) -> bool:
+    """Could the prompt's last characters and the text's first ones become
+    one token when sent together (where the server can't be asked)?
+    Byte-level BPE splits words from spaces before them, and letters from
+    punctuation; other neighbours may merge ("Par" + "is", "'" + "s",
+    "=" + "=", "\\n" + "\\n", trailing spaces and the next word).
+
+    >>> risky_boundary("The capital of France is Par", "is"), risky_boundary("Answer:\\n", "Paris")
+    (True, False)
+    """
+    if not prompt or not text:
+        return False
+    a, b = prompt[-1], text[0]
+    if b in " \t" and not a.isspace():
+        return False  # a space starts the next word's token
+    if a == "\n" and not b.isspace():
+        return False
+    if a.isalnum() and not (b.isalnum() or b.isspace() or b in "'’_"):
+        return False  # letters and punctuation are split apart
+    return True
+
+
 def count_tokens(units: list[Unit]) -> int:
     return sum(u.tokens for u in units)
 

@@ -117,6 +117,12 @@ class ChatTurn:
         message in ``prompt`` (see ``TargetAPI.count_tokens``)."""
         return await self.api.count_tokens(prompt[len(self.head):], text)
 
+    async def boundary_holds(self, prompt: str, text: str) -> bool | None:
+        """The message starts after the template's own markers, so only a
+        prefilled start (``continue_final``) can run into the text."""
+        partial = prompt[len(self.head):]
+        return True if not partial else await self.api.boundary_holds(partial, text)
+
     def _request(self, prompt: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
         """The messages and fields to send, and the text the answer will repeat first."""
         if not prompt.startswith(self.head):

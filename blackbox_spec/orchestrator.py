@@ -29,7 +29,7 @@ from ._retry import is_retryable
 from ._stats import GenerationStats, Piece
 from ._stopping import StopScanner
 from ._target import StreamEnd, StreamPiece, TargetAPI, Usage
-from ._tokens import OPAQUE, Unit, align_tokens, count_tokens, mark_inexact, with_last_bytes
+from ._tokens import OPAQUE, Unit, align_tokens, count_tokens, mark_inexact, risky_boundary, with_last_bytes
 from .drafters.base import Drafter
 from .policy import Policy, draft_kind
 from .verifiers.base import Verifier
@@ -51,6 +51,8 @@ class Output:
     # bound (``Unit.exact``: llama.cpp leaves pieces of characters unlisted);
     # ``settle`` makes them equal again.
     most_tokens: int = 0
+    # Checked that the prompt's end stays a token boundary (``check_boundary``).
+    boundary_checked: bool = False
     shown: int = 0
     finish_reason: str | None = None
     scanner: StopScanner = field(init=False)
@@ -59,6 +61,12 @@ class Output:
     drafted: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.scanner = StopScanner(self.stop, self.stop_rule)
+
+    def reset(self) -> None:
+        """Back to no text (what was shown stays shown: the same text comes again)."""
+        self.tokens = self.most_tokens = 0
+        self.finish_reason = None
         self.scanner = StopScanner(self.stop, self.stop_rule)
 
     def use_stop_rule(self, rule: str) -> None:
@@ -242,6 +250,19 @@ async def speculate(
         # 2. Plan from what has been measured: check the draft, and how, or not.
         plan = policy.plan(draft, match, plain_next=plain_next, remaining=out.remaining)
         plain_next = False
+        if plan.strategy != "plain" and not out.boundary_checked:
+            # Calls after this one send the prompt and text together: first
+            # make sure the prompt's end does not merge with the text
+            # (echo checks that cut itself; fan-out needs some text first).
+            if out.text:
+                if not await check_boundary(api, out, stats):
+                    policy.stop_speculating()
+                    async with aclosing(_restart_plainly(api, out, stats)) as pieces:
+                        async for piece in pieces:
+                            yield piece
+                    break
+            elif plan.strategy == "fanout":
+                plan = policy.plain(out.remaining)
         if plan.strategy == "plain":
             # Nothing worth checking: the target streams plainly until a
             # draft shows up that would pay (or the text ends).
@@ -266,6 +287,8 @@ async def speculate(
             continue
 
         # 4. Accept the confirmed prefix, within max_tokens and stop strings.
+        if plan.strategy == "echo" and verdict.units and not out.text:
+            out.boundary_checked = True  # echo saw no token across the prompt's end
         taken, split = out.take(verdict.units, drafted=verdict.draft_units)
         ended = verdict.eos and taken == len(verdict.units) and out.finish_reason is None
         if ended:
@@ -479,6 +502,11 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
             # test is free, since the stream goes on anyway.
             held = bool(hunch[1]) and len(out.text) > hunch[0] and hunch[1].startswith(out.text[hunch[0] :])
             hunch = (len(out.text), proposal)
+            if (held or policy.interrupt(proposal, match)) and not out.boundary_checked:
+                # Branches and later rounds send the prompt and text together.
+                if not await check_boundary(api, out, stats):
+                    policy.stop_speculating()  # this stream is the plain call: it goes on alone
+                    continue
             plan = policy.branches(proposal, match, remaining=out.remaining) if held else None
             if plan is not None:
                 offsets = likely_boundaries(proposal, plan.width, plan.segment_chars)[1:]
@@ -611,6 +639,32 @@ async def decode_plainly(api: TargetAPI, out: Output, stats: GenerationStats) ->
     for piece in out.flush(final=True):
         yield piece
     stats.finish_reason = out.finish_reason
+
+
+async def check_boundary(target: Any, out: Output, stats: GenerationStats) -> bool:
+    """Does the prompt's end stay a token boundary once text follows it?
+    Asked of the server's tokenizer where it has one
+    (``boundary_holds``), else judged from the characters
+    (``_tokens.risky_boundary``)."""
+    out.boundary_checked = True
+    check = getattr(target, "boundary_holds", None)
+    holds = await check(out.prompt, out.text) if check is not None else None
+    if holds is None:
+        holds = not risky_boundary(out.prompt, out.text)
+    if not holds:
+        stats.note("the prompt's end and the text after it become one token when sent together (a prompt ending inside a "
+                   "word or in spaces): every speculative call would leave the plain call's path, so this one is decoded plainly")
+    return holds
+
+
+async def _restart_plainly(api: TargetAPI, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
+    """The plain call from the prompt, for the whole budget; the text it
+    writes again (what was already accepted, its own) is not shown twice."""
+    stats.output_tokens -= out.tokens  # counted again by the plain call
+    out.reset()
+    async with aclosing(decode_plainly(api, out, stats)) as pieces:
+        async for piece in pieces:
+            yield piece
 
 
 async def _cut_tail(target: Any, out: Output, extra: int) -> int:

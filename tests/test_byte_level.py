@@ -14,7 +14,10 @@ drafters must return the plain call's text and finish reason.
 from __future__ import annotations
 
 import asyncio
+import json
 
+import httpx
+import pytest
 import respx
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -119,3 +122,65 @@ def test_the_stop_rule_is_learned_from_the_server():
                     return await client.learn_stop_rule()
 
         assert asyncio.run(learn()) == rule
+
+
+def test_a_prompt_whose_end_merges_with_the_text_is_decoded_plainly():
+    """Suspected in issue 17, seen on vLLM: "The capital of France is Par"
+    continues with "is", and "…Paris" sent back tokenizes as one token.  A
+    server whose /tokenize says so gets no speculative call past the first
+    stream: the text is the plain call's, and the stats say why."""
+    fake = target("vllm", "earliest-end", COPYING)
+    prompt = "the there then " * 6
+
+    def merged(request):
+        text = json.loads(request.content).get("prompt", "")
+        return httpx.Response(200, json={"tokens": [1, 2, 3] if text == prompt else [9] + list(range(len(text)))})
+
+    async def run():
+        with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+            router.post("/completions").mock(side_effect=fake.handle_async)
+            router.post(BASE_URL.removesuffix("/v1") + "/tokenize").mock(side_effect=merged)
+            async with SpecClient(BASE_URL, API_KEY, "fake-model") as client:
+                return await client.generate(prompt, max_tokens=60)
+
+    result = asyncio.run(run())
+    assert result.text == fake.generate(prompt, 60)[0]
+    assert not any(r.get("echo") or r.get("prompt", prompt) != prompt for r in fake.requests[2:])  # only plain calls from the prompt
+    assert any("become one token" in note for note in result.stats.notes)
+
+
+def test_risky_boundaries_without_a_tokenizer():
+    from blackbox_spec._tokens import risky_boundary
+
+    assert risky_boundary("def f(", "x") is True  # punctuation and a letter may merge ("'s")
+    assert risky_boundary("x = ", "1") is True  # a trailing space joins the next word
+    assert risky_boundary("a\n", "\n") is True  # "\n\n" is one token
+    assert risky_boundary("Answer: Paris", " and") is False
+    assert risky_boundary("x", ".") is False
+
+
+@pytest.mark.parametrize("detokenize", [True, False])
+def test_token_ids_are_named_by_detokenize_or_kept_whole(detokenize):
+    """vLLM --return-tokens-as-token-ids: the probe used to fail on
+    "token_id:N"; now the ids are named once each by /detokenize (and drafts
+    get accepted), or, without it, each answer is one unit: exact either way."""
+    fake = target("token-id", "earliest-end", COPYING)
+    prompt = "def f():\n\treturn '中文本 😀'\r\n" * 4
+    named = []
+
+    def detokenize_route(request):
+        named.append(request)
+        return fake.handle(request) if detokenize else httpx.Response(404, json={"detail": "Not Found"})
+
+    async def run():
+        with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+            router.post("/completions").mock(side_effect=fake.handle_async)
+            router.post(BASE_URL.removesuffix("/v1") + "/detokenize").mock(side_effect=detokenize_route)
+            async with SpecClient(BASE_URL, API_KEY, "fake-model", strategy="echo") as client:
+                return await client.generate(prompt, max_tokens=50)
+
+    result = asyncio.run(run())
+    assert (result.text, result.finish_reason) == fake.generate(prompt, 50)[:2]
+    assert named
+    if detokenize:
+        assert result.stats.accepted_tokens > 0

@@ -36,3 +36,26 @@ def test_safe_length_holds_back_a_possible_stop_prefix():
     assert scanner.safe_length(final=True) == 5
     scanner.feed("AY")
     assert scanner.safe_length() == 7
+
+
+# -- the server's rule (issue 17) ------------------------------------------------------
+
+
+def test_the_three_rules_on_one_token_that_completes_two_stops():
+    # llama.cpp's earliest start vs. vLLM's list order, on stop=["```", "\n```"]
+    steps = ["code", "\n```"]
+    texts = {rule: feed_all(StopScanner(["```", "\n```"], rule), steps) for rule in ("first-listed", "earliest-end", "earliest-start")}
+    assert texts == {"first-listed": "code\n", "earliest-end": "code\n", "earliest-start": "code"}  # both end together: list order
+    texts = {rule: feed_all(StopScanner(["c", "abc", "b"], rule), ["x", "abc"]) for rule in ("first-listed", "earliest-end", "earliest-start")}
+    assert texts == {"first-listed": "xab", "earliest-end": "xa", "earliest-start": "x"}
+
+
+def test_llama_cpp_misses_a_stop_inside_text_it_held_back():
+    # "文" came with a token that ended inside the next character; the token
+    # that completes it is one byte, so the window (stop + 1 byte) misses it
+    scanner = StopScanner(["文"], "earliest-start")
+    assert not scanner.feed("", 4) and not scanner.feed("文最", 1)
+    assert scanner.text == "文最"
+    vllm = StopScanner(["文"], "earliest-end")
+    vllm.feed("")
+    assert vllm.feed("文最") and vllm.text == ""

@@ -116,3 +116,10 @@ def test_exact_byte_forms_and_token_ids():
 def test_a_tie_with_another_token_confirms_nothing():
     assert not position_matches(" x", -0.5, {" x": -0.5, " y": -0.5})
     assert position_matches(" x", -0.5, {" x": -0.5, " y": -0.6})
+
+
+def test_a_special_token_inside_the_text_still_counts():
+    from blackbox_spec._target import fold_specials
+
+    units = fold_specials(align_tokens("ab", ["a", "<|tool_call|>", "b", "<|endoftext|>"]))
+    assert [(u.text, u.tokens) for u in units] == [("a", 1), ("b", 2)]
