@@ -184,3 +184,28 @@ def test_token_ids_are_named_by_detokenize_or_kept_whole(detokenize):
     assert named
     if detokenize:
         assert result.stats.accepted_tokens > 0
+
+
+@SETTINGS
+@given(prompts, st.integers(1, 60), stops, st.sampled_from([p for p in PAIRS if p[0] != "token-id"]), st.sampled_from(["auto", "echo", "fanout"]))
+def test_chat_is_exact_on_every_form(prompt, max_tokens, stop, pair, strategy):
+    """The same over /chat/completions (vLLM's prompt_logprobs for echo,
+    llama.cpp's prefill for the rest)."""
+    fake = target(*pair)
+    fake.chat_prefill = "llama" if pair[0] == "llama" else "vllm"
+    if strategy == "echo" and fake.chat_prefill != "vllm":
+        strategy = "auto"  # only vLLM has prompt_logprobs
+    messages = [{"role": "user", "content": prompt}]
+    body = {"model": "fake-model", "messages": messages, "max_tokens": max_tokens, "temperature": 0, **({"stop": stop} if stop else {})}
+    truth = fake.handle(httpx.Request("POST", BASE_URL + "/chat/completions", json=body)).json()["choices"][0]
+
+    async def run():
+        with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+            router.post("/chat/completions").mock(side_effect=fake.handle_async)
+            router.post("/completions").mock(side_effect=fake.handle_async)
+            router.post(BASE_URL.removesuffix("/v1") + "/tokenize").mock(side_effect=fake.handle_async)
+            async with SpecClient(BASE_URL, API_KEY, "fake-model", strategy=strategy) as client:
+                return await client.chat(messages, max_tokens=max_tokens, stop=stop)
+
+    result = asyncio.run(run())
+    assert (result.text, result.finish_reason) == (truth["message"]["content"], truth["finish_reason"])
