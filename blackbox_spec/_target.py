@@ -251,19 +251,30 @@ class TargetAPI:
         return self._url[: -len("/v1")] if self._url.endswith("/v1") else self._url
 
     async def _root_post(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
-        """A call at the server's root (``/tokenize``, ``/detokenize``); None
-        where the server has no such endpoint or answers oddly."""
+        """A call at the server's root (``/tokenize``, ``/detokenize``), with
+        the usual retries; None where the server has no such endpoint, answers
+        oddly, or failed for good."""
         try:
-            async with self._slot():
-                response = await self._client.post(self.root + path, json=body, headers=self._headers)
-            data = response.json() if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+            async for attempt in self.retries.retrying(self._count_retry):
+                with attempt:
+                    try:
+                        async with self._slot():
+                            response = await self._client.post(self.root + path, json=body, headers=self._headers)
+                    except httpx.HTTPError as exc:
+                        raise self._connection_error(exc) from None
+                    if response.status_code >= 400:
+                        raise self._http_error(response)
+                    data = response.json()
+                    return data if isinstance(data, dict) else None
+        except Exception:  # noqa: BLE001 - an optional endpoint: any failure means "not here"
             return None
-        return data if isinstance(data, dict) else None
+        return None
 
     async def tokenize(self, text: str) -> list[int] | None:
         """The server's own tokens for ``text`` (vLLM's or llama.cpp's
         ``/tokenize``), without special tokens; None where it has none."""
+        if not text:
+            return []
         shapes = {
             "vllm": {"model": self.model, "prompt": text, "add_special_tokens": False},
             "llama": {"content": text, "add_special": False},
@@ -278,28 +289,20 @@ class TargetAPI:
             self._tokenizes = False
         return None
 
+    async def context_tokens(self, prompt: str, text: str) -> list[int] | None:
+        """The server's tokens for ``prompt + text`` (``_canon``); None where
+        it can't tokenize."""
+        return await self.tokenize(prompt + text)
+
     async def count_tokens(self, prompt: str, text: str) -> int | None:
         """How many tokens the target made ``text`` of, after ``prompt``: the
-        server's own tokenization of both, where the prompt's tokens stay
-        a prefix (they do on the greedy path, which speculation assumes
-        anyway: every round sends the text back to be tokenized).  None
-        where the server can't tokenize."""
-        whole, head = await asyncio.gather(self.tokenize(prompt + text), self.tokenize(prompt))
+        server's own tokenization of both (the greedy path is its own
+        tokenization: ``_canon`` checks that before anything is sent back).
+        None where the server can't tokenize."""
+        whole, head = await asyncio.gather(self.context_tokens(prompt, text), self.context_tokens(prompt, ""))
         if whole is None or head is None or whole[: len(head)] != head:
             return None
         return len(whole) - len(head)
-
-    async def boundary_holds(self, prompt: str, text: str) -> bool | None:
-        """Does the server tokenize ``prompt + text`` with the prompt's own
-        tokens first?  A prompt that ends inside what the model continues
-        ("…Par" + "is") comes back as one token ("Paris") when the text is
-        sent again, and the model then sees something it never saw: every
-        speculative call would leave the plain call's path.  None where the
-        server can't tokenize."""
-        head, whole = await asyncio.gather(self.tokenize(prompt), self.tokenize(prompt + text))
-        if head is None or whole is None:
-            return None
-        return whole[: len(head)] == head
 
     async def _name_token_ids(self, data: Any) -> None:
         """vLLM's ``--return-tokens-as-token-ids`` shows tokens as
@@ -307,9 +310,9 @@ class TargetAPI:
         client), so it can be placed in the text like any token string.
         Without ``/detokenize`` the ids stay (an answer is then one unit)."""
         strings = [s for s in _token_strings(data) if is_token_id(s)]
-        unknown = {s for s in strings if s not in self._token_names}
-        if not unknown or self._detokenizes is False:
+        if not strings:
             return
+        unknown = {s for s in strings if s not in self._token_names} if self._detokenizes is not False else set()
 
         async def name(token: str) -> None:
             answer = await self._root_post("/detokenize", {"model": self.model, "tokens": [int(token.split(":", 1)[1])]})

@@ -112,16 +112,16 @@ class ChatTurn:
     def omits_pieces(self, value: bool) -> None:
         self.api.omits_pieces = value
 
+    async def context_tokens(self, prompt: str, text: str) -> list[int] | None:
+        """The server's tokens for the assistant message so far (the part of
+        it in ``prompt``, and ``text``): the message starts after the
+        template's own markers, so its text alone is what can merge."""
+        return await self.api.tokenize(prompt[len(self.head):] + text)
+
     async def count_tokens(self, prompt: str, text: str) -> int | None:
         """How many tokens the assistant's ``text`` is, after the part of the
         message in ``prompt`` (see ``TargetAPI.count_tokens``)."""
         return await self.api.count_tokens(prompt[len(self.head):], text)
-
-    async def boundary_holds(self, prompt: str, text: str) -> bool | None:
-        """The message starts after the template's own markers, so only a
-        prefilled start (``continue_final``) can run into the text."""
-        partial = prompt[len(self.head):]
-        return True if not partial else await self.api.boundary_holds(partial, text)
 
     def _request(self, prompt: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
         """The messages and fields to send, and the text the answer will repeat first."""

@@ -24,12 +24,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
 
+from ._canon import Canon
 from ._exceptions import AuthenticationError, ModelNotFoundError, TargetError, TargetHTTPError
 from ._retry import is_retryable
 from ._stats import GenerationStats, Piece
 from ._stopping import StopScanner
 from ._target import StreamEnd, StreamPiece, TargetAPI, Usage
-from ._tokens import OPAQUE, Unit, align_tokens, count_tokens, mark_inexact, risky_boundary, with_last_bytes
+from ._tokens import OPAQUE, Unit, align_tokens, count_tokens, mark_inexact, with_last_bytes
 from .drafters.base import Drafter
 from .policy import Policy, draft_kind
 from .verifiers.base import Verifier
@@ -51,8 +52,6 @@ class Output:
     # bound (``Unit.exact``: llama.cpp leaves pieces of characters unlisted);
     # ``settle`` makes them equal again.
     most_tokens: int = 0
-    # Checked that the prompt's end stays a token boundary (``check_boundary``).
-    boundary_checked: bool = False
     shown: int = 0
     finish_reason: str | None = None
     scanner: StopScanner = field(init=False)
@@ -238,6 +237,7 @@ async def speculate(
     drafter.start(out.prompt)
     plain_next = False
     recovery = Recovery(out, policy, stats)
+    canon = Canon(api, out.prompt)
     while out.finish_reason is None:
         if not out.exact:
             await settle(api, out, stats)
@@ -250,24 +250,18 @@ async def speculate(
         # 2. Plan from what has been measured: check the draft, and how, or not.
         plan = policy.plan(draft, match, plain_next=plain_next, remaining=out.remaining)
         plain_next = False
-        if plan.strategy != "plain" and not out.boundary_checked:
-            # Calls after this one send the prompt and text together: first
-            # make sure the prompt's end does not merge with the text
-            # (echo checks that cut itself; fan-out needs some text first).
-            if out.text:
-                if not await check_boundary(api, out, stats):
-                    policy.stop_speculating()
-                    async with aclosing(_restart_plainly(api, out, stats)) as pieces:
-                        async for piece in pieces:
-                            yield piece
-                    break
-            elif plan.strategy == "fanout":
-                plan = policy.plain(out.remaining)
+        # The call sends the prompt and the text back: only while they
+        # tokenize as the target wrote them (``_canon``).
+        if not await canon.holds(out.text, out.tokens if out.exact else None):
+            async with aclosing(_go_plain(api, policy, out, stats, canon)) as pieces:
+                async for piece in pieces:
+                    yield piece
+            break
         if plan.strategy == "plain":
             # Nothing worth checking: the target streams plainly until a
             # draft shows up that would pay (or the text ends).
             try:
-                async with aclosing(_stream_plainly(api, drafter, policy, out, stats)) as pieces:
+                async with aclosing(_stream_plainly(api, drafter, policy, out, stats, canon)) as pieces:
                     async for piece in pieces:
                         yield piece
             except TargetError as exc:
@@ -286,9 +280,16 @@ async def speculate(
                 recovery.survive(exc, speculative=True)
             continue
 
-        # 4. Accept the confirmed prefix, within max_tokens and stop strings.
-        if plan.strategy == "echo" and verdict.units and not out.text:
-            out.boundary_checked = True  # echo saw no token across the prompt's end
+        # 4. Accept the confirmed prefix, within max_tokens and stop strings,
+        #    once it too tokenizes as written: the calls past the first sent
+        #    draft text right after the context.
+        new_text, new_tokens = "".join(u.text for u in verdict.units), count_tokens(verdict.units)
+        exact = out.exact and all(u.exact for u in verdict.units)
+        if not await canon.holds(out.text + new_text, out.tokens + new_tokens if exact else None):
+            async with aclosing(_go_plain(api, policy, out, stats, canon)) as pieces:
+                async for piece in pieces:
+                    yield piece
+            break
         taken, split = out.take(verdict.units, drafted=verdict.draft_units)
         ended = verdict.eos and taken == len(verdict.units) and out.finish_reason is None
         if ended:
@@ -334,7 +335,7 @@ def _missed(draft: str, accepted_chars: int, after: list[Unit]) -> bool:
     return bool(rest) and bool(after) and not after[0].text.startswith(rest)
 
 
-async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
+async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out: Output, stats: GenerationStats, canon: Canon) -> AsyncIterator[str]:
     """One plain streamed continuation of the context, with side branches
     that jump it ahead where a draft holds (``verifiers.branches``).
 
@@ -467,6 +468,14 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                 yield piece
             if out.finish_reason or split:
                 break
+            if promoted is not None and not await canon.holds(out.text, out.tokens if out.exact else None):
+                # The branch was sent this text: its continuation is off the path.
+                streams.close(promoted)
+                promoted = None
+                close_group()
+                end_group()
+                policy.stop_speculating()
+                stats.note(canon.note)
             if promoted is not None:
                 stats.jumps += 1
                 streams.close(main)
@@ -502,11 +511,12 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
             # test is free, since the stream goes on anyway.
             held = bool(hunch[1]) and len(out.text) > hunch[0] and hunch[1].startswith(out.text[hunch[0] :])
             hunch = (len(out.text), proposal)
-            if (held or policy.interrupt(proposal, match)) and not out.boundary_checked:
-                # Branches and later rounds send the prompt and text together.
-                if not await check_boundary(api, out, stats):
-                    policy.stop_speculating()  # this stream is the plain call: it goes on alone
-                    continue
+            if held and not await canon.holds(out.text, out.tokens if out.exact else None):
+                # Branches would send this text back, and it does not tokenize
+                # as written: this stream goes on alone (it never sends it).
+                policy.stop_speculating()
+                stats.note(canon.note)
+                continue
             plan = policy.branches(proposal, match, remaining=out.remaining) if held else None
             if plan is not None:
                 offsets = likely_boundaries(proposal, plan.width, plan.segment_chars)[1:]
@@ -641,30 +651,27 @@ async def decode_plainly(api: TargetAPI, out: Output, stats: GenerationStats) ->
     stats.finish_reason = out.finish_reason
 
 
-async def check_boundary(target: Any, out: Output, stats: GenerationStats) -> bool:
-    """Does the prompt's end stay a token boundary once text follows it?
-    Asked of the server's tokenizer where it has one
-    (``boundary_holds``), else judged from the characters
-    (``_tokens.risky_boundary``)."""
-    out.boundary_checked = True
-    check = getattr(target, "boundary_holds", None)
-    holds = await check(out.prompt, out.text) if check is not None else None
-    if holds is None:
-        holds = not risky_boundary(out.prompt, out.text)
-    if not holds:
-        stats.note("the prompt's end and the text after it become one token when sent together (a prompt ending inside a "
-                   "word or in spaces): every speculative call would leave the plain call's path, so this one is decoded plainly")
-    return holds
-
-
-async def _restart_plainly(api: TargetAPI, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
-    """The plain call from the prompt, for the whole budget; the text it
-    writes again (what was already accepted, its own) is not shown twice."""
-    stats.output_tokens -= out.tokens  # counted again by the plain call
-    out.reset()
-    async with aclosing(decode_plainly(api, out, stats)) as pieces:
-        async for piece in pieces:
-            yield piece
+async def _go_plain(api: TargetAPI, policy: Policy, out: Output, stats: GenerationStats, canon: Canon) -> AsyncIterator[str]:
+    """Text that does not tokenize as written may not be sent back: the
+    generation becomes the plain call from the prompt, for the whole budget;
+    the text it writes again (what was already accepted, its own) is not
+    shown twice."""
+    policy.stop_speculating()
+    stats.note(canon.note)
+    for attempt in range(3):
+        stats.output_tokens -= out.tokens  # counted again by the plain call
+        out.reset()
+        try:
+            async with aclosing(decode_plainly(api, out, stats)) as pieces:
+                async for piece in pieces:
+                    yield piece
+            return
+        except TargetError as exc:
+            # A broken stream cannot resume from its text (that would send it
+            # back): the plain call starts again; what was shown is not shown twice.
+            if attempt == 2 or not _recoverable(exc, speculative=False):
+                raise
+            stats.failed_rounds += 1
 
 
 async def _cut_tail(target: Any, out: Output, extra: int) -> int:

