@@ -79,6 +79,9 @@ class StreamPiece:
     # Each token's own length in bytes, where the server says (llama.cpp's
     # top candidates carry their bytes; its stop window counts them).
     own_bytes: list[int | None] | None = None
+    # Tokens generated so far, where the server says (llama.cpp's timings per
+    # token): it lists only tokens that finish a character.
+    generated: int | None = None
 
 
 @dataclass
@@ -282,7 +285,8 @@ class TargetAPI:
         for shape in [self._tokenizes] if self._tokenizes else list(shapes) if self._tokenizes is None else []:
             data = await self._root_post("/tokenize", shapes[shape])
             tokens = data.get("tokens") if data else None
-            if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
+            # (llama.cpp answers vLLM's shape too: with no tokens, for no "content".)
+            if isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens):
                 self._tokenizes = shape
                 return tokens
         if self._tokenizes is None:
@@ -462,7 +466,14 @@ class TargetAPI:
             body["stop"] = stop
         if logprobs is not None:
             body["logprobs"] = logprobs
+            self._count_each_token(body)
         return self._stream("/completions", body, logprobs is not None)
+
+    def _count_each_token(self, body: dict[str, Any]) -> None:
+        """llama.cpp lists only tokens that finish a character; its timings
+        per token say how many it generated (``StreamPiece.generated``)."""
+        if self.server_kind == "llama.cpp":
+            body["timings_per_token"] = True
 
     def chat_stream(
         self, messages: list[dict[str, Any]], *, max_tokens: int, stop: list[str] | None = None,
@@ -471,6 +482,8 @@ class TargetAPI:
         """As :meth:`stream`, over ``/chat/completions`` (the deltas' content)."""
         body = self._chat_body(messages, max_tokens, logprobs, stop, extra)
         body.update(stream=True, stream_options={"include_usage": True})
+        if logprobs:
+            self._count_each_token(body)
         return self._stream("/chat/completions", body, logprobs)
 
     async def _stream(self, path: str, body: dict[str, Any], with_tokens: bool) -> AsyncIterator[StreamPiece | StreamEnd]:
@@ -576,6 +589,9 @@ def _parse_chunk(chunk: Any, with_tokens: bool) -> tuple[list[StreamPiece], str 
         if text or tokens:
             pieces.append(StreamPiece(text, tokens, own_bytes(choice.get("logprobs")) if with_tokens else None))
         finish = choice.get("finish_reason") or finish
+    timings = chunk.get("timings")
+    if pieces and isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int):
+        pieces[-1].generated = timings["predicted_n"]
     return pieces, finish, _usage(chunk.get("usage"))
 
 

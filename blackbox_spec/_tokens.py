@@ -91,6 +91,9 @@ class Unit:
     # Where the split is unknown, the last token's own bytes, if the server
     # says (what llama.cpp's stop window counts).
     last_bytes: int | None = None
+    # How many listed token strings it spans, where that is not ``tokens``
+    # (llama.cpp lists one per token that finishes a character).
+    listed: int | None = None
 
     @property
     def most_tokens(self) -> int:
@@ -423,7 +426,7 @@ def with_last_bytes(units: list[Unit], sizes: list[int | None] | None) -> list[U
         return units
     out, k = [], 0
     for unit in units:
-        k += unit.tokens if unit.exact else 1  # an inexact unit is one listed entry
+        k += unit.listed if unit.listed is not None else unit.tokens if unit.exact else 1  # an inexact unit is one listed entry
         out.append(replace(unit, last_bytes=sizes[k - 1]) if 0 < k <= len(sizes) else unit)
     return out
 

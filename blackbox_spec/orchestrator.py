@@ -433,7 +433,9 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
             #    and after each one walk the chain of side branches (4).
             units = main.live.feed(item)
             if getattr(api, "omits_pieces", False):
-                units = with_last_bytes(mark_inexact(units), main.live.own_bytes[main.live.used_tokens :])
+                if not main.live.counted:
+                    units = mark_inexact(units)
+                units = with_last_bytes(units, main.live.own_bytes[main.live.used_listed :])
             if main.live.opaque_tail and group:
                 close_group()  # no safe cut is known any more: no branch can be reached
                 end_group()
@@ -552,7 +554,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
             # max_tokens ended inside a character: a stream drops it (vLLM,
             # llama.cpp), a plain (non-streamed) answer may show U+FFFD
             # (llama.cpp, older vLLM).  The reference is the plain answer.
-            split = await _cut_tail(api, out, extra)
+            split = extra if main.live.counted else await _cut_tail(api, out, extra)
     if split and not out.exact:
         await settle(api, out, stats)
         # A unit whose count was unknown may fit after all: the next round

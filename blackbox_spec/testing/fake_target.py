@@ -370,6 +370,8 @@ class FakeTarget:
     # 0.32 and llama.cpp's streams drop it.
     token_form: str = "vllm-legacy"
     stop_rule: str = "first-listed"
+    # llama.cpp form: honour ``timings_per_token`` in streams (its real server does).
+    timings_per_token: bool = True
     model: FakeModel = field(default_factory=FakeModel)
     requests: list[dict[str, Any]] = field(default_factory=list)
 
@@ -778,6 +780,8 @@ class FakeTarget:
                 else:
                     logprobs = {"tokens": [entry[1]], "token_logprobs": [None], "top_logprobs": [None]}
                 chunks.append(self._chunk(visible[len(sent) :], None, logprobs))
+                if self.token_form == "llama" and self.timings_per_token and body.get("timings_per_token"):
+                    chunks[-1]["timings"] = {"predicted_n": last + 1}  # llama.cpp: tokens generated so far
                 sent = visible
             elif len(visible) > len(sent):
                 chunks.append(self._chunk(visible[len(sent) :], None))

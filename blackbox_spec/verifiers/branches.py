@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .._cancel import cancel_once
@@ -35,17 +35,31 @@ from .._tokens import OPAQUE, Unit, align_tokens, count_tokens
 
 
 class LiveText:
-    """A stream's text and token strings, cut into whole units as they arrive."""
+    """A stream's text and token strings, cut into whole units as they arrive.
+
+    ``tokens`` are the listed token strings.  llama.cpp lists one per token
+    that leaves the text whole, with the text of the pieces before it; asked
+    for its timings per token it also says how many tokens it has generated
+    (``StreamPiece.generated``), which gives each listed string its count.
+    """
 
     def __init__(self) -> None:
         self.text = ""
         self.tokens: list[str] = []
-        self.own_bytes: list[int | None] = []  # per token, where the server says (``_target.own_bytes``)
+        self.own_bytes: list[int | None] = []  # per listed token, where the server says (``_target.own_bytes``)
+        self.counts: list[int] | None = []  # target tokens per listed one, while the server says
+        self.generated = 0
         self.used_chars = 0
+        self.used_listed = 0
         self.used_tokens = 0
         # Text that came without token strings: no safe cut is known after
         # it, so the stream can only be taken as a whole, at its end.
         self.opaque_tail = False
+
+    @property
+    def counted(self) -> bool:
+        """Does every listed token so far come with its count?"""
+        return bool(self.counts) and self.counts is not None
 
     def feed(self, piece: StreamPiece) -> list[Unit]:
         """Units completed by ``piece`` (not yet consumed)."""
@@ -56,11 +70,26 @@ class LiveText:
             return []
         self.tokens += piece.tokens
         self.own_bytes += piece.own_bytes or [None] * len(piece.tokens)
-        return align_tokens(self.text[self.used_chars :], self.tokens[self.used_tokens :], partial=True)
+        if piece.generated is not None and self.counts is not None and piece.tokens:
+            new = piece.generated - self.generated
+            self.counts += [1] * (len(piece.tokens) - 1) + [max(1, new - len(piece.tokens) + 1)]
+            self.generated = piece.generated
+        elif piece.tokens:
+            self.counts = None
+        units = align_tokens(self.text[self.used_chars :], self.tokens[self.used_listed :], partial=True)
+        if not self.counted:
+            return units
+        counted, k = [], self.used_listed
+        for unit in units:
+            tokens = sum(self.counts[k : k + unit.tokens])  # type: ignore[index]
+            counted.append(unit if tokens == unit.tokens else replace(unit, tokens=tokens, listed=unit.tokens, steps=None, sizes=None, matches=False))
+            k += unit.tokens
+        return counted
 
     def consume(self, units: list[Unit]) -> str:
         text = "".join(u.text for u in units)
         self.used_chars += len(text)
+        self.used_listed += sum(u.listed if u.listed is not None else u.tokens for u in units)
         self.used_tokens += count_tokens(units)
         return text
 
