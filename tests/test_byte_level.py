@@ -131,31 +131,6 @@ def test_the_stop_rule_is_learned_from_the_server():
         assert asyncio.run(learn()) == rule
 
 
-def test_a_prompt_whose_end_merges_with_the_text_is_decoded_plainly():
-    """Suspected in issue 17, seen on vLLM: "The capital of France is Par"
-    continues with "is", and "…Paris" sent back tokenizes as one token.  A
-    server whose /tokenize says so gets no speculative call past the first
-    stream: the text is the plain call's, and the stats say why."""
-    fake = target("vllm", "earliest-end", COPYING)
-    prompt = "the there then " * 6
-
-    def merged(request):
-        text = json.loads(request.content).get("prompt", "")
-        return httpx.Response(200, json={"tokens": [1, 2, 3] if text == prompt else [9] + list(range(len(text)))})
-
-    async def run():
-        with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
-            router.post("/completions").mock(side_effect=fake.handle_async)
-            router.post(BASE_URL.removesuffix("/v1") + "/tokenize").mock(side_effect=merged)
-            async with SpecClient(BASE_URL, API_KEY, "fake-model") as client:
-                return await client.generate(prompt, max_tokens=60)
-
-    result = asyncio.run(run())
-    assert result.text == fake.generate(prompt, 60)[0]
-    assert not any(r.get("echo") or r.get("prompt", prompt) != prompt for r in fake.requests[2:])  # only plain calls from the prompt
-    assert any("become one token" in note for note in result.stats.notes)
-
-
 def test_risky_boundaries_without_a_tokenizer():
     from blackbox_spec._tokens import risky_boundary
 
@@ -218,27 +193,37 @@ def test_chat_is_exact_on_every_form(prompt, max_tokens, stop, pair, strategy):
     assert (result.text, result.finish_reason) == (truth["message"]["content"], truth["finish_reason"])
 
 
-def test_text_that_does_not_tokenize_as_written_is_never_sent_back():
-    """Seen on vLLM (issue 17's real run): the model wrote " acc" + "ents",
-    which the server tokenizes back as " accents", one token.  A call from
-    that text leaves the plain call's path, so none is made: the rest is the
-    plain call's."""
-    fake = target("vllm", "earliest-end", COPYING)
-    prompt = "the there then " * 6
+PROMPT = "the there then " * 6
 
-    def fewer(request):
-        text = json.loads(request.content).get("prompt", "")
-        extra = text[len(prompt):] if text.startswith(prompt) else text
-        return httpx.Response(200, json={"tokens": [1, 2, 3] + [7] * (len(extra) // 40)})
+
+def merged_at_the_prompt(text: str) -> list[int]:
+    """ "…is Par" + "is": the prompt's last token is not a prefix any more."""
+    return [1, 2, 3] if text == PROMPT else [9] + list(range(len(text)))
+
+
+def fewer_than_written(text: str) -> list[int]:
+    """ " acc" + "ents" back as " accents": fewer tokens than the target wrote."""
+    return [1, 2, 3] + [7] * (len(text.removeprefix(PROMPT)) // 40)
+
+
+@pytest.mark.parametrize("tokenizer, note", [(merged_at_the_prompt, "become one token"), (fewer_than_written, "tokens written")])
+def test_text_that_does_not_tokenize_as_written_is_never_sent_back(tokenizer, note):
+    """Both seen on vLLM (issue 17): "The capital of France is Par" continued
+    with "is", and "…Paris" comes back as one token; in the real-server run
+    the model wrote " acc" + "ents", which comes back as " accents".  A call
+    from such text leaves the plain call's path, so none is made: the text is
+    the plain call's, and the stats say why."""
+    fake = target("vllm", "earliest-end", COPYING)
 
     async def run():
         with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
             router.post("/completions").mock(side_effect=fake.handle_async)
-            router.post(BASE_URL.removesuffix("/v1") + "/tokenize").mock(side_effect=fewer)
+            router.post(BASE_URL.removesuffix("/v1") + "/tokenize").mock(
+                side_effect=lambda request: httpx.Response(200, json={"tokens": tokenizer(json.loads(request.content).get("prompt", ""))}))
             async with SpecClient(BASE_URL, API_KEY, "fake-model") as client:
-                return await client.generate(prompt, max_tokens=60)
+                return await client.generate(PROMPT, max_tokens=60)
 
     result = asyncio.run(run())
-    assert result.text == fake.generate(prompt, 60)[0]
-    assert not any(r.get("echo") or r.get("prompt", prompt) != prompt for r in fake.requests[2:])
-    assert any("tokens written" in note for note in result.stats.notes)
+    assert result.text == fake.generate(PROMPT, 60)[0]
+    assert not any(r.get("echo") or r.get("prompt", PROMPT) != PROMPT for r in fake.requests[2:])  # only plain calls from the prompt
+    assert any(note in n for n in result.stats.notes)
