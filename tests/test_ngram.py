@@ -1,6 +1,9 @@
 """The prompt-lookup drafter as a pure function over hand-written text."""
 
-from blackbox_spec.drafters import NGramDrafter, lookup_continuation
+import pytest
+
+from blackbox_spec.drafters import NGramDrafter, SuffixDrafter, lookup_continuation
+from blackbox_spec.drafters.ngram import copy_from
 
 
 def test_copies_what_followed_the_latest_earlier_occurrence():
@@ -26,3 +29,32 @@ def test_drafter_follows_accepted_text():
     assert d.propose(6) == "o thre"
     d.update("o three. one", "o thre", 6)
     assert d.propose(5) == " two "
+
+
+@pytest.mark.parametrize("drafter", [NGramDrafter, SuffixDrafter])
+def test_a_repeating_pattern_drafts_past_one_period(drafter):
+    """The copy's source meets the current end after one period; copying on
+    what it has just written (as LZ77 does) drafts the pattern further."""
+    d = drafter()
+    d.start("Count: ")
+    d.update("tick tock 1, tick tock 1, tick tock 1, tick", "", 0)
+    draft = d.propose(120)
+    assert len(draft) >= 100
+    assert draft.startswith(" tock 1, tick tock 1, tick tock 1,")
+
+
+@pytest.mark.parametrize("drafter", [NGramDrafter, SuffixDrafter])
+def test_text_that_has_not_shown_its_period_is_not_repeated(drafter):
+    """A short overlapping match ("    " after three spaces) is no evidence
+    of a repeating pattern: the draft stops where its source does."""
+    d = drafter()
+    d.start("def f():\n    return 1\n\ndef g():\n   ")
+    assert len(d.propose(200)) < 40
+
+
+def test_copy_from_overlaps_only_with_the_period_shown():
+    text = "xyz-ab-ab-"
+    assert copy_from(text, 7, 10, match=6) == "ab-ab-ab-a"
+    assert copy_from(text, 7, 10, match=2) == "ab-"
+    assert copy_from(text, 2, 5) == "z-ab-"
+    assert copy_from(text, len(text), 5, match=99) == ""

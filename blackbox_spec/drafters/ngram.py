@@ -57,6 +57,30 @@ def lookup_continuation(text: str, *, min_match: int = 3, max_match: int = 64, m
     return text[start : start + max_chars] if length else ""
 
 
+def copy_from(text: str, start: int, max_chars: int, *, match: int = 0) -> str:
+    """Up to ``max_chars`` copied from ``text[start:]``, overlapping as LZ77
+    copies do: where the copy reaches the current end, it goes on copying
+    what it has just written, so a repeating pattern drafts past one period.
+    It overlaps only where the text has shown the period itself (a ``match``
+    at least one period long ends the text): one space after another is no
+    promise of a hundred more.
+
+    >>> copy_from("ab-x-x-", 5, 9, match=4)   # "x-" repeats: period 7 - 5
+    'x-x-x-x-x'
+    >>> copy_from("ab-x-x-", 5, 9, match=1)   # too short to show the period
+    'x-'
+    >>> copy_from("abcabc", 1, 4)
+    'bcab'
+    """
+    period = len(text) - start
+    if period <= 0 or max_chars <= 0:
+        return ""
+    if max_chars <= period or match < period:
+        return text[start : start + max_chars]
+    cycle = text[start:]
+    return (cycle * (max_chars // period + 1))[:max_chars]
+
+
 def resync(text: str, pos: int, *, window: int = 48, max_suffix: int = 24) -> int:
     """Where to resume copying ``text[pos:]`` after the target wrote something
     new at the end of ``text``.
@@ -137,7 +161,7 @@ class NGramDrafter:
         else:
             self.pos_valid = length >= self.strong_match
         self.pos = start
-        draft = self.text[start : start + max_chars]
+        draft = copy_from(self.text, start, max_chars, match=max(0, self.last_match))
         special = draft.find(SPECIAL_START)
         return draft[:special] if special != -1 else draft
 

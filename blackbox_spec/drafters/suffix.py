@@ -27,7 +27,7 @@ import re
 from collections import deque
 
 from .base import DraftLength, draft_rest
-from .ngram import SPECIAL_START, follow_copy, resync
+from .ngram import SPECIAL_START, copy_from, follow_copy, resync
 
 # A word with at most one leading space or tab, a run of punctuation likewise,
 # a run of newlines, a run of other whitespace.  No look-ahead, so appending
@@ -286,6 +286,13 @@ class SuffixDrafter:
                     self.copy_pos = source + len(self.tail)
                     self.copy_valid = self.last_match >= STRONG_MATCH
             draft = "".join(pieces)[:max_chars]
+            if best_from is self.local and self.copy_pos is not None and 0 < len(self.text) - self.copy_pos <= self.last_match:
+                # The copy's source runs into the current end, and the match
+                # spans a whole period: the text repeats, so copy on past it
+                # (overlapping, as LZ77), up to the learned length.
+                longer = copy_from(self.text, self.copy_pos, max_chars, match=self.last_match)
+                if longer.startswith(draft):
+                    draft = "".join(split_pieces(longer)[: max(len(pieces), self.length.limit)])
         special = draft.find(SPECIAL_START)
         return draft[:special] if special != -1 else draft
 
