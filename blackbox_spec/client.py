@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import AsyncIterator, Callable, Sequence
 
 import httpx
@@ -24,15 +24,21 @@ from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, Tar
 from ._stats import GenerationResult, GenerationStats
 from ._retry import RetryPolicy
 from ._stopping import DEFAULT_RULE, RULES, single_stop_rule
-from ._target import TargetAPI, resolve_settings
+from ._target import StreamPiece, TargetAPI, resolve_settings
 from .chat import ChatSupport, ChatTurn, check_messages, probe_chat
 from .drafters import Drafter, DrafterFactory, SessionIndex, drafter_factory
 from .orchestrator import Output, decode_plainly, speculate
 from .policy import Policy, ServerCosts
 from .probe import STOP_PROBE_PROMPT, probe_stop_rule
+from .profile import LOADED_WEIGHT, PROFILE_MODES, ProfileStore
 from .verifiers import EchoVerifier, FanoutVerifier
 
 STRATEGIES = ("auto", "echo", "fanout", "plain")
+# The batch probe: this many small calls at once against one alone.
+BATCH_PROBE_WIDTH = 8
+BATCH_PROBE_TOKENS = 8
+BATCH_PROBE_PROMPT = "Hello"  # (tests tell probes by it)
+MIN_TIMED_S = 0.02  # calls quicker than this time the client, not the server
 _REFUSALS = (400, 422, 501)
 
 
@@ -135,9 +141,12 @@ class SpecClient:
         retries: RetryPolicy | None = None,
         max_in_flight: int | None = 64,
         stop_rule: str | None = None,
+        profile: str = "auto",
     ) -> None:
         if stop_rule is not None and stop_rule not in RULES:
             raise ConfigurationError(f"unknown stop_rule {stop_rule!r}; choose from: {', '.join(RULES)} (or None to learn it from the server)")
+        if profile not in PROFILE_MODES:
+            raise ConfigurationError(f"unknown profile mode {profile!r}; choose from: {', '.join(PROFILE_MODES)}")
         if strategy not in STRATEGIES:
             raise ConfigurationError(f"unknown strategy {strategy!r}; choose from: {', '.join(STRATEGIES)}")
         if fanout_width < 1 or max_draft_chars < 1:
@@ -162,6 +171,10 @@ class SpecClient:
         # first time a generation has two or more.
         self.stop_rule = stop_rule
         self.stop_rule_learned = stop_rule is not None
+        # What was learned about this server, kept on disk between processes
+        # (``profile``): a fresh client starts from it instead of probing.
+        self.profiles = ProfileStore(profile)
+        self._identified = False
 
     def __repr__(self) -> str:
         return f"SpecClient(base_url={self.api.base_url!r}, model={self.api.model!r}, strategy={self.strategy!r})"
@@ -192,8 +205,9 @@ class SpecClient:
     async def load_drafter(self) -> None:
         """Load the draft model now, off the event loop (it takes seconds);
         otherwise the first generation does it.  A no-op for other drafters."""
-        if isinstance(self._new_drafter, DrafterFactory):
-            await asyncio.to_thread(self._new_drafter.load)
+        factory = self._new_drafter
+        if isinstance(factory, DrafterFactory) and factory.kind in ("llama", "hf") and factory._model is None:
+            await asyncio.to_thread(factory.load)  # (a thread costs ~0.1-0.3 s to start: only when there is a model)
 
     # -- probing -----------------------------------------------------------------
 
@@ -210,9 +224,54 @@ class SpecClient:
         """Learn once whether the server returns logprobs and honours echo."""
         await self.ensure_model()
         async with self._probing:
+            self._open_profile()
+            if self.capabilities is not None and self.profiles.loaded and not self._identified:
+                await self._identify()
             if self.capabilities is None:
                 self.capabilities = await self._probe()
+                self._keep_profile()
+            self._identified = True
         return self.capabilities
+
+    async def _identify(self) -> None:
+        """With a stored profile, one small call still goes first: what kind
+        of server answers (llama.cpp's answers carry "timings") decides how
+        its token counts and stop strings are read, which exactness rests
+        on, and another server may now answer at this URL.  A refusal sends
+        the client back to a full probe."""
+        try:
+            await self.api.complete("Hello", max_tokens=1, logprobs=1 if self.capabilities and self.capabilities.logprobs else None)
+        except TargetHTTPError as exc:
+            if exc.status_code not in _REFUSALS:
+                raise
+            self.capabilities = self.costs = None
+            self.profiles.loaded = False
+
+    def _open_profile(self) -> None:
+        """Start from what an earlier process measured about this server, if
+        anything (``profile``: its costs and capabilities, nothing exactness
+        rests on); called once the model is known."""
+        if self.profiles.profile is not None:
+            return
+        stored = self.profiles.open(self.api.base_url, self.api.model or "")
+        if stored is None:
+            return
+        try:
+            if stored.capabilities and stored.costs:
+                self.capabilities = Capabilities(**stored.capabilities)
+                self.costs = ServerCosts.from_dict(stored.costs, LOADED_WEIGHT)
+        except (TypeError, KeyError, ValueError):  # a profile from other code: start afresh
+            self.capabilities = self.costs = None
+        self.profiles.loaded = self.capabilities is not None
+
+    def _keep_profile(self) -> None:
+        """Write what this client knows now into its profile (not the key)."""
+        profile = self.profiles.profile
+        if profile is None or self.profiles.mode == "off":
+            return
+        if self.capabilities is not None and self.costs is not None:
+            profile.capabilities, profile.costs = asdict(self.capabilities), self.costs.to_dict()
+            self.profiles.save()
 
     async def probe_chat(self) -> ChatSupport:
         """Learn once how the chat endpoint can be verified (see :mod:`.chat`)."""
@@ -252,27 +311,71 @@ class SpecClient:
             out.use_stop_rule(self.stop_rule if self.stop_rule_learned else single_stop_rule(self.api.server_kind))
 
     async def _probe(self) -> Capabilities:
+        """Two rounds of small calls: a plain one and an echo one at once,
+        then (with logprobs) 8 copies of the plain one at once, whose time
+        against the one alone says what a batch costs here: about 1 on a
+        GPU server, about 8 where requests run one at a time.  Side branches
+        are priced by it (``ServerCosts.batch_ratio``)."""
+        plain_call, echo_call = await asyncio.gather(self._probe_plain(), self._probe_echo(), return_exceptions=True)
+        for outcome in (plain_call, echo_call):
+            if isinstance(outcome, BaseException):
+                raise outcome
+        (first_s, per_token_s, alone_s), logprobs = plain_call  # type: ignore[misc]
+        echo, echo_s = echo_call  # type: ignore[misc]
+        self.costs = ServerCosts(first_s, echo_s)
+        if per_token_s is not None:
+            self.costs.stream.per_token = per_token_s
+        if logprobs:
+            await self._probe_batch(self.costs, alone_s)
+        return Capabilities(echo=echo, logprobs=logprobs, round_trip_s=first_s)
+
+    async def _probe_plain(self) -> tuple[tuple[float, float | None, float], bool]:
+        """A small plain stream with logprobs: ((first-token latency,
+        seconds per token after it, seconds in all), whether logprobs came)."""
         try:
-            plain = await self.api.complete("Hello", max_tokens=2, logprobs=1)
-            logprobs = bool(plain.units)
+            return await self._timed_stream(logprobs=1)
         except TargetHTTPError as exc:
             if exc.status_code not in _REFUSALS:
                 raise
-            plain = await self.api.complete("Hello", max_tokens=2)
-            logprobs = False
-        echo_s = None
+            return await self._timed_stream(logprobs=None)
+
+    async def _timed_stream(self, logprobs: int | None) -> tuple[tuple[float, float | None, float], bool]:
+        started = time.perf_counter()
+        first, pieces, listed = None, 0, False
+        async with aclosing(self.api.stream(BATCH_PROBE_PROMPT, max_tokens=BATCH_PROBE_TOKENS, logprobs=logprobs)) as items:
+            async for item in items:
+                if isinstance(item, StreamPiece):
+                    first = time.perf_counter() if first is None else first
+                    pieces += 1
+                    listed = listed or bool(item.tokens)
+        done = time.perf_counter()
+        first = first or done
+        per_token = (done - first) / (pieces - 1) if pieces > 2 else None
+        return (first - started, per_token, done - started), listed
+
+    async def _probe_echo(self) -> tuple[bool, float | None]:
         try:
             echoed = await self.api.complete("Hello", max_tokens=1, logprobs=1, echo=True)
-            echo = echoed.echoed and bool(echoed.prompt_units)
-            echo_s = echoed.elapsed
+            return echoed.echoed and bool(echoed.prompt_units), echoed.elapsed
         except TargetHTTPError as exc:
             if exc.status_code not in _REFUSALS:
                 raise
-            echo = False
         except TargetResponseError:
-            echo = False
-        self.costs = ServerCosts(plain.elapsed, echo_s)
-        return Capabilities(echo=echo, logprobs=logprobs, round_trip_s=plain.elapsed)
+            pass
+        return False, None
+
+    async def _probe_batch(self, costs: ServerCosts, alone_s: float, width: int = BATCH_PROBE_WIDTH) -> None:
+        """``width`` copies of the plain probe at once, against it alone (a
+        probe that fails, a rate limit say, only leaves the prior; so does a
+        call too quick to time, where the client's own work would be measured)."""
+        if alone_s < MIN_TIMED_S:
+            return
+        started = time.perf_counter()
+        try:
+            await asyncio.gather(*(self.api.complete(BATCH_PROBE_PROMPT, max_tokens=BATCH_PROBE_TOKENS) for _ in range(width)))
+        except TargetError:
+            return
+        costs.batch_ratio[width] = max(1.0, (time.perf_counter() - started) / max(1e-3, alone_s))
 
     # -- generation ---------------------------------------------------------------
 
@@ -458,6 +561,7 @@ class SpecClient:
 
     async def _speculate(self, target, available: list[str], costs, forced: str | None, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
         """Speculative decoding against ``target`` (the completions API or a chat turn)."""
+        stats.server_profile = "stored" if self.profiles.loaded else "probed"
         await self.load_drafter()
         drafter = self._new_drafter()
         policy = Policy(available, costs, forced=forced, fanout_width=self.fanout_width, max_draft_chars=self.max_draft_chars)
@@ -472,6 +576,9 @@ class SpecClient:
                 stats.plain_estimate_s = costs.single_seconds(stats.output_tokens)
         finally:
             policy.remember()
+            if self.profiles.profile is not None:
+                self.profiles.profile.generations += 1
+            self._keep_profile()
             finish = getattr(drafter, "finish", None)
             if finish is not None:
                 finish()  # the suffix drafter remembers this output for the session

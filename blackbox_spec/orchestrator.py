@@ -34,7 +34,7 @@ from ._tokens import OPAQUE, Unit, align_tokens, count_tokens, mark_inexact, wit
 from .drafters.base import Drafter
 from .policy import Policy, draft_kind
 from .verifiers.base import Verifier
-from .verifiers.branches import Branch, Streams, draft_agreement, side_left_draft
+from .verifiers.branches import Branch, Streams, draft_agreement, reached, side_left_draft
 from .verifiers.fanout import likely_boundaries
 from .verifiers.echo import EchoUnsupported
 
@@ -132,15 +132,19 @@ class Output:
         sizes = unit.sizes or (None,) * len(unit.steps)
         return any(self.scanner.feed(step, size) for step, size in zip(unit.steps, sizes))
 
-    def add_text(self, piece: str, *, trusted: bool = False) -> None:
+    def add_text(self, piece: str, *, trusted: bool = False, rendering: bool = False) -> None:
         """Append text whose token count the server keeps.  ``trusted``: the
         server applied the stop strings to it itself (a plain call with
-        ``stop``), or it is a cut character's rendering, which no server
-        searches; only a stop string that began in the text before it is
-        still ours to find."""
+        ``stop``); only a stop string that began in the text before it is
+        still ours to find.  ``rendering``: the end of the call that wrote
+        the text before it, where max_tokens cut a character: the held
+        bytes rendered (U+FFFD), which no server searches for stop strings,
+        so a plain call would not find one ending there either."""
         if self.finish_reason:
             return
-        if trusted and not self.scanner.straddles(piece):
+        if rendering:
+            self.scanner.text += piece
+        elif trusted and not self.scanner.straddles(piece):
             self.scanner.text += piece
         elif self.scanner.feed(piece):
             self.finish_reason = "stop"
@@ -357,6 +361,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
     split = 0  # tokens of a unit only the server can render (see Output.take)
     used_tokens = 0
     hunch: tuple[int, str] = (0, "")  # the last draft proposed, and where
+    silent = [0]  # branches reached before they said anything, long after they were sent
     paused_noted = False
 
     def close_group(from_index: int = 0) -> None:
@@ -376,19 +381,19 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
         """After each unit of the main stream: the branch it has reached (on
         the draft and at the end of a token), if any; branches it can no
         longer reach are closed."""
-        pos = len(out.text)
         _, left = draft_agreement(draft, out.text[draft_at:])
         if left:
             close_group()
             return None
-        while group and group[0].at < pos:
-            streams.close(group.pop(0))  # the main stream passed its offset inside a token
-        if group and group[0].at == pos:
-            if group[0].task is None:  # reached before it was started: the main stream is as good
-                streams.close(group.pop(0))
-                return None
-            return group.pop(0)
-        return None
+        passed, promote = reached([b.at for b in group], [bool(b.buffered) for b in group], len(out.text))
+        now = time.perf_counter()
+        for b in group[:passed]:
+            if b.task is not None and not b.buffered and now - b.sent_at > policy.first_word_s(b.at - draft_at):
+                silent[0] += 1  # reached, silent long after a first token comes: queued?
+            streams.close(b)
+        chosen = group[passed] if promote else None
+        del group[: passed + int(promote)]
+        return chosen
 
     try:
         while True:
@@ -494,6 +499,16 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                 close_group()
                 end_group()
                 stats.note("side branches took far longer than forecast here; closed")
+            # Branches that have not said a word long after a request's first
+            # token would have come: the server queues them (one slot, a rate
+            # limit).  They never delay the main stream, which runs first, but
+            # they can't help either: priced as whole requests from now on.
+            if group and not any(b.buffered for b in group) and time.perf_counter() - group_started > policy.first_word_deadline_s(len(draft)) or silent[0] >= 2:
+                silent[0] = 0
+                policy.costs.observe_queueing(group_width)
+                close_group()
+                end_group()
+                stats.note(f"the server queued {group_width - 1} side branches behind the main stream (it runs fewer requests at once); closed")
 
             # 5. Plan: open side branches for a draft that pays, or cut the
             #    stream for an echo round that pays more.
@@ -513,13 +528,14 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
             # test is free, since the stream goes on anyway.
             held = bool(hunch[1]) and len(out.text) > hunch[0] and hunch[1].startswith(out.text[hunch[0] :])
             hunch = (len(out.text), proposal)
-            if held and not await canon.holds(out.text, out.tokens if out.exact else None):
+            policy.observe_hunch(held)
+            plan = policy.branches(proposal, match, remaining=out.remaining) if held else None
+            if plan is not None and not await canon.holds(out.text, out.tokens if out.exact else None):
                 # Branches would send this text back, and it does not tokenize
                 # as written: this stream goes on alone (it never sends it).
                 policy.stop_speculating()
                 stats.note(canon.note)
                 continue
-            plan = policy.branches(proposal, match, remaining=out.remaining) if held else None
             if plan is not None:
                 offsets = likely_boundaries(proposal, plan.width, plan.segment_chars)[1:]
                 if offsets:
@@ -533,6 +549,10 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                         for k, o in enumerate(offsets)
                     ]
                     group_started, group_width, group_tokens = time.perf_counter(), len(group) + 1, out.tokens
+                    # A branch sends its text back: whether that tokenizes as
+                    # written is asked now and read when one is reached.
+                    for o in offsets:
+                        canon.prefetch(out.text + proposal[:o])
                     continue
             if policy.interrupt(proposal, match):
                 break
@@ -540,9 +560,11 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
         close_group()
         end_group()
         await streams.aclose()
+        await canon.aclose()  # questions asked ahead for branches nobody reached
     extra = 0
     if end is not None and end.usage.completion_tokens > len(main.live.tokens) and main.live.tokens and hasattr(api, "omits_pieces"):
         api.omits_pieces = True  # it listed fewer tokens than it generated (llama.cpp)
+    cut_tail = False
     if not split and end is not None and out.finish_reason is None:
         extra = max(0, (end.usage.completion_tokens or len(main.live.tokens)) - main.live.used_tokens)
         # A promoted branch was given the budget left when it was opened, more
@@ -555,13 +577,14 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
             # llama.cpp), a plain (non-streamed) answer may show U+FFFD
             # (llama.cpp, older vLLM).  The reference is the plain answer.
             split = extra if main.live.counted else await _cut_tail(api, out, extra)
+            cut_tail = bool(split)
     if split and not out.exact:
         await settle(api, out, stats)
         # A unit whose count was unknown may fit after all: the next round
         # takes it; only the budget's real end is the server's to render.
         split = out.remaining if out.remaining < split else 0
     if split:
-        await _render_plainly(api, out, stats, split)
+        await _render_plainly(api, out, stats, split, rendering=cut_tail)
     elif end is not None and out.finish_reason is None:
         # The stream ran to its end: the rest of its text is the server's own
         # rendering of a plain call (a cut inside a character included).
@@ -572,7 +595,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
         used_tokens += extra
         # A cut character (U+FFFD) at a length end is the server's rendering
         # of held text: never searched for stop strings.
-        out.add_text(rest, trusted=rest.endswith(OPAQUE) and end.finish_reason == "length")
+        out.add_text(rest, rendering=rest.endswith(OPAQUE) and end.finish_reason == "length")
         drafter.update(rest, "", 0)
         if out.finish_reason is None:
             out.finish_reason = end.finish_reason or "length"
@@ -710,13 +733,16 @@ async def settle(target: Any, out: Output, stats: GenerationStats) -> None:
         out.finish_reason = "length"
 
 
-async def _render_plainly(api: TargetAPI, out: Output, stats: GenerationStats, tokens: int) -> None:
+async def _render_plainly(api: TargetAPI, out: Output, stats: GenerationStats, tokens: int, *, rendering: bool = False) -> None:
     """The next ``tokens`` tokens from a plain call, for text only the server
     can render: a budget that ends inside a character it spread over several
     tokens (it shows the cut as plain decoding does), or a stop string inside
     tokens whose split is unknown.  The server applies the stop strings to its
     own text, token by token; one that began in the text before it is only
-    ours to see, so that text goes through the scanner too."""
+    ours to see, so that text goes through the scanner too.  ``rendering``:
+    the tokens are a stream's last ones, which showed nothing (max_tokens cut
+    a character): their text is the held bytes rendered, which no server
+    searches for stop strings (``Output.add_text``)."""
     tokens = max(1, min(tokens, out.remaining))
     c = await api.complete(out.context, max_tokens=tokens, stop=out.stop)
     used = c.usage.completion_tokens or tokens
@@ -725,6 +751,6 @@ async def _render_plainly(api: TargetAPI, out: Output, stats: GenerationStats, t
     stats.completion_tokens_billed += c.usage.completion_tokens
     stats.output_tokens += used
     out.count(used)
-    out.add_text(c.text, trusted=True)
+    out.add_text(c.text, trusted=True, rendering=rendering and c.finish_reason == "length")
     if out.finish_reason is None and (c.finish_reason == "stop" or out.remaining <= 0):
         out.finish_reason = "stop" if c.finish_reason == "stop" else "length"

@@ -34,6 +34,12 @@ from .verifiers.base import Plan, Verdict
 
 SPECULATIVE = ("echo", "fanout")
 FANOUT_TOKENS = 16  # tokens per fan-out request
+# Drafts that predicted this many of the stream's units in a row end a
+# back-off: a losing group delays the next try, but never stops trying
+# while the drafts keep predicting the text.
+HUNCH_STREAK = 6
+# Tokens between side branches, chosen per group (``Policy.branches``).
+SEGMENT_TOKENS = (3, 6, 11, 24)
 
 
 @dataclass
@@ -66,6 +72,18 @@ class LinearCost:
 
     def predict(self, x: float) -> float:
         return self.fixed + self.per_token * max(0.0, x)
+
+    def to_dict(self) -> dict:
+        return {"fixed": self.fixed, "per_token": self.per_token, "sums": self._sums, "observed": self.observed}
+
+    @classmethod
+    def from_dict(cls, data: dict, weight: float = 1.0) -> "LinearCost":
+        """A stored fit, its measurements counting ``weight`` times as much
+        as new ones (so new ones overrule it sooner)."""
+        cost = cls(float(data["fixed"]), float(data["per_token"]))
+        cost._sums = [float(v) * weight for v in data["sums"]][:5]
+        cost.observed = int(data["observed"])
+        return cost
 
 
 class DraftBudget:
@@ -129,10 +147,38 @@ class ServerCosts:
         # Seconds between tokens of the main stream, by how many streams were
         # running at once (1: plain decoding; more: side branches batched in).
         self.step: dict[int, float] = {}
+        # What ``w`` requests at once cost against one, measured as wholes
+        # (the client's batch probe; a group whose branches the server
+        # queued): where no step time of that width has been seen.
+        self.batch_ratio: dict[int, float] = {}
+        # The server was seen queueing side branches behind the main stream
+        # (one slot, a rate limit): every branch costs a whole request.
+        self.queues = False
         # The drafter's own cost, against what its drafts saved (per client).
         self.drafting = DraftBudget()
         # How drafts held in the last generation (``Policy.remember``).
         self.runs: dict[str, RunLengths] | None = None
+
+    def to_dict(self) -> dict:
+        """What is worth keeping across processes (``profile``)."""
+        return {
+            "stream": self.stream.to_dict(), "echo": self.echo.to_dict(),
+            "fanout": {str(w): c.to_dict() for w, c in self.fanout.items() if c.observed},
+            "step": {str(w): s for w, s in self.step.items()},
+            "batch_ratio": {str(w): r for w, r in self.batch_ratio.items()},
+            "queues": self.queues,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, weight: float = 0.5) -> "ServerCosts":
+        costs = cls()
+        costs.stream = LinearCost.from_dict(data["stream"], weight)
+        costs.echo = LinearCost.from_dict(data["echo"], weight)
+        costs.fanout = {int(w): LinearCost.from_dict(c, weight) for w, c in data.get("fanout", {}).items()}
+        costs.step = {int(w): float(s) for w, s in data.get("step", {}).items()}
+        costs.batch_ratio = {int(w): float(r) for w, r in data.get("batch_ratio", {}).items()}
+        costs.queues = bool(data.get("queues", False))
+        return costs
 
     def per_token(self) -> float:
         if 1 in self.step:
@@ -140,15 +186,38 @@ class ServerCosts:
         return self.stream.per_token
 
     def observe_step(self, width: int, seconds: float) -> None:
+        if width > 1 and self.queues:
+            return  # the main stream's pace does not show a queue
         old = self.step.get(width)
         self.step[width] = seconds if old is None else old + 0.1 * (seconds - old)
 
     def step_seconds(self, width: int) -> float:
         """Seconds per token of the main stream while ``width`` streams run."""
+        base = self.per_token()
+        if self.queues:
+            return base * width
         if width in self.step:
             return self.step[width]
-        base = self.per_token()
-        return base * (1 + per_extra_stream({w: s / base for w, s in self.step.items()}, width) * (width - 1))
+        relative = {w: s / base for w, s in self.step.items()} | self.batch_ratio
+        return base * (1 + per_extra_stream(relative, width) * (width - 1))
+
+    def measured_widths(self) -> list[int]:
+        """Widths whose cost has been measured (beyond one stream)."""
+        return [w for w in set(self.step) | set(self.batch_ratio) if w > 1]
+
+    def observe_queueing(self, width: int) -> None:
+        """A group of ``width`` streams got nothing from its branches for far
+        longer than a request's first token takes: the server runs fewer
+        requests at once than that, and each branch costs a whole request."""
+        self.queues = True
+        for w in [w for w in self.step if w > 1]:
+            del self.step[w]
+
+    def prefill_seconds(self, tokens: float) -> float:
+        """Reading ``tokens`` new prompt tokens (what an echo round's cost
+        grows by per token; before one is measured, decoding's eighth)."""
+        per_token = self.echo.per_token if self.echo.observed else self.per_token() / 8
+        return per_token * tokens
 
     def echo_seconds(self, prompt_tokens: float) -> float:
         if self.echo.observed == 0:
@@ -189,11 +258,16 @@ def per_extra_stream(relative_cost: dict[int, float], width: int, prior: float =
     1.0
     >>> per_extra_stream({}, 8)
     0.15
+    >>> per_extra_stream({8: 8.0}, 2)   # only a wider one measured (a one-slot server)
+    1.0
     """
-    measured = [w for w in relative_cost if 1 < w < width]
-    if not measured:
+    below = [w for w in relative_cost if 1 < w < width]
+    above = [w for w in relative_cost if w >= width and w > 1]
+    if not below and not above:
         return prior
-    w = max(measured)
+    # The widest below; else the narrowest above (a batch's extra cost per
+    # stream shrinks as it widens, so this errs on the costly side).
+    w = max(below) if below else min(above)
     return max(0.0, (relative_cost[w] - 1) / (w - 1))
 
 
@@ -262,6 +336,7 @@ class Policy:
         self.forecast_s = 0.0  # the open group's expected saving
         self.forecast_life_s = 0.0  # ... and how long it should take to walk
         self.backoff: dict[str, float] = {}  # tokens to wait after a losing group, per kind
+        self.hunch_streak = 0  # the stream's last units, each predicted by the draft before it
         self.resume_at: dict[str, float] = {}
         self.chars_per_token = 3.5
         self.context_tokens = 0.0
@@ -304,6 +379,10 @@ class Policy:
         self.total_s += seconds
         if plain and tokens >= 4:  # too few tokens say more about latency than decode speed
             self.costs.stream.add(tokens, seconds)
+
+    def observe_hunch(self, held: bool) -> None:
+        """The last draft did (or did not) predict the stream's newest unit."""
+        self.hunch_streak = self.hunch_streak + 1 if held else 0
 
     def observe_branches(self, kind: str, accepted: int, missed: bool, saved_s: float = 0.0) -> None:
         """A group of side branches ended: its draft held for ``accepted``
@@ -440,21 +519,25 @@ class Policy:
         """Side branches to open next to the plain stream for ``draft``, or None.
 
         A group of ``w`` streams (the main one and ``w-1`` branches, one
-        segment of the draft apart) lives about one segment's worth of steps.
-        If the draft holds for ``r`` tokens, the text jumps ahead by about
-        ``min(r, (w-1)·segment)`` tokens, which plain decoding would have
-        taken ``per_token`` seconds each to write; what it costs is the
-        slower step of a ``w``-wide batch while the group lives.  The widest
-        group whose expected saving beats its cost by the bar wins.
+        segment of ``s`` tokens of the draft apart) lives about one
+        segment's worth of steps.  If the draft holds for ``r`` tokens, the
+        text jumps onto the last branch the chain reaches: ahead by
+        ``min(r, (w-1)·s)`` tokens less what the draft held past that branch
+        (half a segment, or the whole run where runs are shorter than a
+        segment), which plain decoding would have taken ``per_token`` seconds
+        each to write.  What it costs is the slower step of a ``w``-wide
+        batch while the group lives.  The (width, segment) whose expected
+        saving beats its cost by the most, past the bar, wins: short
+        segments where drafts break often (a densely edited rewrite), long
+        ones where they hold (a copied file), wide groups where batching is
+        free (a GPU server), narrow or none where it is not.
         """
         if self.forced or "fanout" not in self.strategies or not draft or remaining <= 2:
             return None
         kind = draft_kind(match)
-        if self.context_tokens < self.resume_at.get(kind, 0.0):
+        if self.context_tokens < self.resume_at.get(kind, 0.0) and self.hunch_streak < HUNCH_STREAK:
             return None  # backing off after a losing group
         runs = self.runs[kind]
-        segment_tokens = 0.7 * FANOUT_TOKENS
-        segment = max(8, int(segment_tokens * self.chars_per_token))
         draft_tokens = len(draft) / self.chars_per_token
         base = self.costs.step_seconds(1)
         best: tuple[float, Plan] | None = None
@@ -462,24 +545,40 @@ class Policy:
         # at most twice the widest already timed (2 before any).  Measured on
         # llama-server (4 slots on 2 cores): a first group of 8 from the prior
         # queued behind its slots and lived 8.5 s.
-        measured = max((w for w in self.costs.step if w > 1), default=1)
-        for width in self.widths:
-            if width > 2 * measured:
-                break
-            covered = min(draft_tokens, (width - 1) * segment_tokens, remaining)
-            if covered < segment_tokens and width > 2:
-                break  # the draft is too short to use more branches
-            expected = runs.expected(covered) * self.calibration.get(("branches", kind), 1.0)
-            saved = expected * base
-            # The group lives until the chain reaches its end or breaks.
-            life = min(segment_tokens, runs.expected(draft_tokens) + 1)
-            cost = life * max(0.0, self.costs.step_seconds(width) - base) + self.overhead_s()
-            net = saved - self.bar(kind) * cost
-            if net > 0 and (best is None or net > best[0]):
-                best = (net, Plan("fanout", draft_chars=len(draft), width=width, segment_chars=segment))
-                self.forecast_s = saved - cost
-                self.forecast_life_s = (segment_tokens + 2) * self.costs.step_seconds(width)
+        measured = max(self.costs.measured_widths(), default=1)
+        calibration = self.calibration.get(("branches", kind), 1.0)
+        for segment_tokens in SEGMENT_TOKENS:
+            segment = max(8, int(segment_tokens * self.chars_per_token))
+            # What the draft holds past the last branch reached is not jumped.
+            lost = min(segment_tokens / 2, runs.expected(segment_tokens))
+            for width in self.widths:
+                if width > 2 * measured:
+                    break
+                covered = min(draft_tokens, (width - 1) * segment_tokens, remaining)
+                if covered < segment_tokens and width > 2:
+                    break  # the draft is too short to use more branches
+                saved = max(0.0, runs.expected(covered) * calibration - lost) * base
+                # The group lives until the chain reaches its end or breaks.
+                life = min(segment_tokens, runs.expected(draft_tokens) + 1)
+                cost = life * max(0.0, self.costs.step_seconds(width) - base) + self.overhead_s()
+                net = saved - self.bar(kind) * cost
+                if net > 0 and (best is None or net > best[0]):
+                    best = (net, Plan("fanout", draft_chars=len(draft), width=width, segment_chars=segment))
+                    self.forecast_s = saved - cost
+                    self.forecast_life_s = (segment_tokens + 2) * self.costs.step_seconds(width)
         return best[1] if best else None
+
+    def first_word_s(self, draft_chars: int) -> float:
+        """Long enough for a branch's first token on a server that runs it
+        at once (a round trip, prefilling the draft it carries): a branch
+        silent for longer waits in the server's queue."""
+        return 0.1 + 2 * self.costs.stream.fixed + 2 * self.costs.prefill_seconds(draft_chars / self.chars_per_token)
+
+    def first_word_deadline_s(self, draft_chars: int) -> float:
+        """How long side branches may take to send anything before the
+        server is taken to queue them: a few first-token latencies, plus
+        prefilling the draft they carry (as echo re-reads context)."""
+        return 0.5 + 4 * self.costs.stream.fixed + self.costs.echo.per_token * draft_chars / self.chars_per_token
 
     def overhead_s(self) -> float:
         """Fixed cost of a group of side branches (new requests to prefill

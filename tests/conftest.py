@@ -31,6 +31,13 @@ def chat_of(prompt: str, system: str | None = None) -> list[dict]:
     return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
 
 
+@pytest.fixture(autouse=True)
+def _own_profiles(tmp_path_factory, monkeypatch) -> None:
+    """Each test starts with no stored server profiles (``profile``), and
+    never reads or writes the user's own."""
+    monkeypatch.setenv("BSPEC_PROFILES", str(tmp_path_factory.mktemp("profiles")))
+
+
 @pytest.fixture
 def fake() -> FakeTarget:
     return FakeTarget()

@@ -78,7 +78,10 @@ def check(fake: FakeTarget, prompt: str, max_tokens: int, stop, strategy: str, d
     assert result.stats.output_tokens <= max_tokens
 
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The same examples on every run (CI included); run with a larger
+# max_examples and derandomize=False to search further (NOTES.md lists what
+# such searches found).
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True, database=None)
 
 
 @SETTINGS
@@ -96,6 +99,10 @@ def test_echo_is_exact_on_every_form(prompt, max_tokens, stop, pair):
 
 @SETTINGS
 @given(prompts, st.integers(1, 60), stops, pairs, st.sampled_from(["ngram", "suffix"]))
+# Found by a random search: max_tokens cuts a character whose bytes hold the
+# end of a stop string; the servers never search that rendering.
+@example("中文本字节测试中文本字节测试", 3, ["字节"], ("vllm-legacy", "first-listed"), "ngram")
+@example("中文本字节测试中文本字节测试", 3, ["字节"], ("llama", "earliest-start"), "suffix")
 def test_fanout_is_exact_on_every_form(prompt, max_tokens, stop, pair, drafter):
     check(target(*pair), prompt, max_tokens, stop, "fanout", drafter)
 
@@ -225,5 +232,31 @@ def test_text_that_does_not_tokenize_as_written_is_never_sent_back(tokenizer, no
 
     result = asyncio.run(run())
     assert result.text == fake.generate(PROMPT, 60)[0]
-    assert not any(r.get("echo") or r.get("prompt", PROMPT) != PROMPT for r in fake.requests[2:])  # only plain calls from the prompt
+    probes = [r for r in fake.requests if r.get("prompt") == "Hello"]
+    assert not any(r.get("echo") or r.get("prompt", PROMPT) != PROMPT for r in fake.requests if r not in probes)  # only plain calls from the prompt
     assert any(note in n for n in result.stats.notes)
+
+
+# Found by a random search and not fixed yet (NOTES.md, "Open exactness
+# cases"): strict, so a fix shows up as an unexpected pass.
+@pytest.mark.xfail(strict=True, reason="llama.cpp: a stop string straddling into a plain call's text whose token sizes are not asked for")
+def test_a_stop_straddling_into_a_plain_render_on_llama_cpp():
+    check(target("llama", "earliest-start"), "中文本字节测试中文本字节测试", 4, ["字节"], "fanout", "suffix")
+
+
+@pytest.mark.xfail(strict=True, reason="chat on llama.cpp: a stream's end cut inside a character is not fetched from a plain call")
+def test_a_chat_answer_cut_inside_a_character_on_llama_cpp():
+    fake = target("llama", "earliest-start")
+    messages = [{"role": "user", "content": "中文本字节测试"}]
+    truth = fake.handle(httpx.Request("POST", BASE_URL + "/chat/completions", json={"model": "fake-model", "messages": messages, "max_tokens": 3, "temperature": 0})).json()["choices"][0]
+
+    async def run():
+        with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+            router.post("/chat/completions").mock(side_effect=fake.handle_async)
+            router.post("/completions").mock(side_effect=fake.handle_async)
+            router.post(BASE_URL.removesuffix("/v1") + "/tokenize").mock(side_effect=fake.handle_async)
+            async with SpecClient(BASE_URL, API_KEY, "fake-model", strategy="fanout") as client:
+                return await client.chat(messages, max_tokens=3)
+
+    result = asyncio.run(run())
+    assert (result.text, result.finish_reason) == (truth["message"]["content"], truth["finish_reason"])

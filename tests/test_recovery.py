@@ -69,9 +69,10 @@ async def test_every_third_call_reset_still_exact(fake, strategy):
     calls = {"n": 0}
 
     def resets(request: httpx.Request) -> httpx.Response:
-        calls["n"] += 1
-        if calls["n"] % 3 == 0 and json.loads(request.content)["prompt"] != "Hello":
-            raise httpx.ReadError("connection reset by peer")
+        if json.loads(request.content)["prompt"] != "Hello":  # (not the client's probes)
+            calls["n"] += 1
+            if calls["n"] % 3 == 1:  # the first call, and every third after it
+                raise httpx.ReadError("connection reset by peer")
         return fake.handle(request)
 
     with respx.mock(base_url=BASE_URL) as router:
@@ -114,8 +115,10 @@ async def test_a_server_that_goes_down_keeps_the_partial_text(fake):
     calls = {"n": 0}
 
     def dies(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["prompt"] == "Hello":
+            return fake.handle(request)  # the client's probe
         calls["n"] += 1
-        if calls["n"] > 6:
+        if calls["n"] > 4:
             return httpx.Response(503, json={"error": {"message": "the GPU caught fire"}})
         response = fake.handle(request)
         if is_stream(request):
@@ -142,7 +145,7 @@ async def test_what_a_plain_round_survives(fake, status, raised):
     message = "The model `x` does not exist" if status == 404 else "nope"
 
     def refuses_one_stream(request: httpx.Request) -> httpx.Response:
-        if is_stream(request) and failures["n"] == 0:
+        if is_stream(request) and failures["n"] == 0 and json.loads(request.content)["prompt"] != "Hello":  # (not the probe)
             failures["n"] += 1
             return httpx.Response(status, json={"error": {"message": message}})
         return fake.handle(request)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from blackbox_spec._tokens import Unit
-from blackbox_spec.policy import LinearCost, Policy, RunLengths, ServerCosts
+from blackbox_spec.policy import HUNCH_STREAK, LinearCost, Policy, RunLengths, ServerCosts
 from blackbox_spec.testing import FakeTarget
 from blackbox_spec.verifiers import Plan, Verdict
 from blackbox_spec.verifiers.fanout import likely_boundaries, units_through
@@ -170,13 +170,13 @@ def test_a_wider_fanout_is_priced_from_the_narrower_ones_batching():
 def test_side_branches_open_where_batching_pays_and_not_where_it_does_not():
     vllm = _policy()
     vllm.costs.observe_step(1, 0.06)
-    assert vllm.branches("x = 1\n" * 400, 200, remaining=500).width == 2  # nothing wider timed yet
+    first = vllm.branches("x = 1\n" * 400, 200, remaining=500)
+    assert first is not None  # a long strong match is worth a first try
     vllm.costs.observe_step(2, 0.072)  # a second stream slows each step by a fifth
-    assert vllm.branches("x = 1\n" * 400, 200, remaining=500).width == 4  # widths grow as they are timed
     vllm.costs.observe_step(4, 0.09)
     vllm.costs.observe_step(8, 0.12)
     plan = vllm.branches("x = 1\n" * 400, 200, remaining=500)
-    assert plan is not None and plan.width >= 8  # a long strong match: go wide
+    assert plan is not None and plan.width > first.width  # batching measured cheap: go wider
     short = vllm.branches("x = 1\n" * 400, 3, remaining=500)
     assert short is None or short.width < plan.width  # a 3-character match is a small bet
     # llama-server on two cores: two streams take twice as long per step.
@@ -184,5 +184,42 @@ def test_side_branches_open_where_batching_pays_and_not_where_it_does_not():
     llama.costs.observe_step(1, 0.03)
     llama.costs.observe_step(2, 0.06)
     assert llama.branches("x = 1\n" * 400, 200, remaining=500) is None
+    # A server seen queueing branches (one slot) gets none either.
+    queued = _policy()
+    queued.costs.observe_step(1, 0.03)
+    queued.costs.observe_queueing(8)
+    assert queued.branches("x = 1\n" * 400, 200, remaining=500) is None
     # Forced strategies and servers without concurrent calls get none.
     assert Policy(["echo"], vllm.costs).branches("x = 1\n" * 400, 200, remaining=500) is None
+
+
+def test_a_losing_group_delays_the_next_but_drafts_that_keep_predicting_end_the_wait():
+    draft = "x = 1\n" * 400
+    policy = _policy()
+    policy.costs.observe_step(1, 0.03)
+    policy.costs.batch_ratio[8] = 1.1
+    assert policy.branches(draft, 200, remaining=500) is not None
+    policy.observe_branches("long", accepted=1, missed=True, saved_s=-1.0)
+    assert policy.branches(draft, 200, remaining=500) is None  # backing off
+    for _ in range(HUNCH_STREAK - 1):
+        policy.observe_hunch(True)
+    assert policy.branches(draft, 200, remaining=500) is None
+    policy.observe_hunch(True)  # the drafts have predicted the stream this long: try again
+    assert policy.branches(draft, 200, remaining=500) is not None
+    policy.observe_hunch(False)
+    assert policy.branches(draft, 200, remaining=500) is None
+
+
+def test_segments_are_short_where_drafts_break_often_and_long_where_they_hold():
+    policy = _policy()
+    policy.costs.observe_step(1, 0.015)
+    policy.costs.batch_ratio[16] = 1.05  # batching free, as on a GPU server
+    draft = "word " * 800
+    policy.runs["short"].observe(accepted=30, missed=False)
+    for _ in range(12):
+        policy.runs["short"].observe(accepted=6, missed=True)  # a densely edited rewrite
+    for _ in range(5):
+        policy.runs["long"].observe(accepted=400, missed=False)  # a copied file
+    breaking, holding = policy.branches(draft, 10, remaining=500), policy.branches(draft, 200, remaining=500)
+    assert breaking is not None and holding is not None
+    assert breaking.segment_chars < holding.segment_chars

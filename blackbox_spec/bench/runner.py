@@ -15,6 +15,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
+import httpx
+
 from .._stats import GenerationResult
 from ..client import SpecClient
 from ..drafters import SessionIndex
@@ -142,14 +144,24 @@ async def run_bench(
     server: dict | None = None,
     draft_model: str | None = None,
     draft_device: str = "cpu",
+    transport: httpx.AsyncBaseTransport | None = None,
+    fresh_client: bool = False,
+    profile: str = "auto",
 ) -> Report:
+    """``fresh_client``: every speculative run gets a new client, which knows
+    nothing of the server but what it can load (as a new ``bspec run``
+    process); otherwise one client per configuration serves every run."""
     report = Report(server or {"base_url": base_url}, [c.label for c in configs], repeats)
-    plain_client = SpecClient(base_url, api_key, model, drafter=None, timeout=timeout)
+    report.server["fresh_client"] = fresh_client
+    report.server["profile"] = profile
+    plain_client = SpecClient(base_url, api_key, model, drafter=None, timeout=timeout, transport=transport)
     model_options = {"draft_model": draft_model, "draft_device": draft_device}
-    spec_clients = {
-        c.label: SpecClient(base_url, api_key, model, drafter=c.drafter, strategy=c.strategy, timeout=timeout, **(model_options if c.drafter in ("llama", "hf") else {}))
-        for c in configs
-    }
+
+    def new_client(c: Config) -> SpecClient:
+        options = model_options if c.drafter in ("llama", "hf") else {}
+        return SpecClient(base_url, api_key, model, drafter=c.drafter, strategy=c.strategy, timeout=timeout, transport=transport, profile=profile, **options)
+
+    spec_clients = {c.label: new_client(c) for c in configs}
     # The suffix drafter remembers a client's earlier outputs.  Each prompt and
     # repeat starts with an empty memory, so no run drafts from an earlier run
     # of the same prompt; the turns of a session (``Prompt.session``) share one.
@@ -174,6 +186,12 @@ async def run_bench(
                 texts: dict[str, str] = {}
                 for label in order[shift:] + order[:shift]:
                     client = plain_client if label == "plain" else spec_clients[label]
+                    if fresh_client and label != "plain":
+                        await client.aclose()
+                        config = next(c for c in configs if c.label == label)
+                        client = spec_clients[label] = new_client(config)
+                        client.api.model = plain_client.model
+                        await client.load_drafter()  # a draft model's load is not timed either way
                     if label != "plain":
                         client.session_index = memories.setdefault((f"{label}/{prompt.session or prompt.name}", repeat), SessionIndex())
                     started = time.perf_counter()

@@ -372,6 +372,8 @@ class FakeTarget:
     stop_rule: str = "first-listed"
     # llama.cpp form: honour ``timings_per_token`` in streams (its real server does).
     timings_per_token: bool = True
+    # ``/tokenize`` and ``/detokenize`` at the server's root (vLLM, llama.cpp; hosted APIs have none).
+    tokenize: bool = True
     model: FakeModel = field(default_factory=FakeModel)
     requests: list[dict[str, Any]] = field(default_factory=list)
 
@@ -493,6 +495,8 @@ class FakeTarget:
             return self._error(401, "Invalid API key.", "AuthenticationError")
         if method == "GET" and path.endswith("/models"):
             return 200, {"object": "list", "data": [{"id": self.model_name, "object": "model"}]}, None
+        if not self.tokenize and path.endswith("tokenize"):
+            return self._error(404, f"Not Found: {path}", "NotFoundError")
         if method == "POST" and path.endswith("/tokenize") and not path.startswith("/v1"):
             return self._tokenize(content)  # vLLM's, at the server's root
         if method == "POST" and path.endswith("/detokenize") and not path.startswith("/v1"):
@@ -573,7 +577,8 @@ class FakeTarget:
         answer = self._decode(prompt_ids, max_tokens, stop)
         text, finish, out = answer.shown(bool(body.get("stream"))), answer.finish, answer.ids
         wants_prompt_logprobs = self.chat_prefill == "vllm" and body.get("prompt_logprobs") is not None
-        self.requests.append(dict(body, _generated=len(out), _prefilled=len(prompt_ids) if wants_prompt_logprobs else 0, _rendered=prompt))
+        self.requests.append(dict(body, _generated=len(out), _prefilled=len(prompt_ids) if wants_prompt_logprobs else 0, _rendered=prompt,
+                                  _prompt_ids=prompt_ids, _generated_ids=out))
         usage: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out), "total_tokens": len(prompt_ids) + len(out)}
         prediction = body.get("prediction")
         if isinstance(prediction, dict) and isinstance(prediction.get("content"), str):
@@ -589,7 +594,10 @@ class FakeTarget:
         if body.get("stream"):
             chunks = self._chat_chunks(answer, usage, body, prompt_ids)
             if repeated:
-                first = next(c for c in chunks[1:] if c["choices"][0]["delta"].get("content") is not None)
+                first = next((c for c in chunks[1:] if c["choices"][0]["delta"].get("content") is not None), None)
+                if first is None:  # an answer with no text at all: the repeat comes alone
+                    first = chunks[0]
+                    first["choices"][0]["delta"]["content"] = ""
                 first["choices"][0]["delta"]["content"] = repeated + first["choices"][0]["delta"]["content"]
             return 200, {}, chunks
         text = repeated + text
@@ -674,7 +682,7 @@ class FakeTarget:
             )
         answer = self._decode(prompt_ids, max_tokens, stop)
         out = answer.ids
-        record = dict(body, _generated=len(out), _prefilled=len(prompt_ids) if echo else 0)
+        record = dict(body, _generated=len(out), _prefilled=len(prompt_ids) if echo else 0, _prompt_ids=prompt_ids, _generated_ids=out)
         self.requests.append(record)
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out), "total_tokens": len(prompt_ids) + len(out)}
         if body.get("stream"):

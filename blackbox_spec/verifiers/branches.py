@@ -109,6 +109,7 @@ class Branch:
     tokens_seen: int = 0
     alive: bool = True
     task: asyncio.Task | None = None
+    sent_at: float = 0.0  # when its request went out (``Streams.start``)
     prompt: str = ""
     max_tokens: int = 0
 
@@ -163,6 +164,7 @@ class Streams:
                 self.queue.put_nowait((branch, exc))
 
         if branch.alive and branch.task is None:
+            branch.sent_at = time.perf_counter()
             branch.task = asyncio.ensure_future(pump())
             self.opened += 1
             self.width += 1
@@ -188,6 +190,36 @@ class Streams:
             if branch.task is not None and not branch.task.done():
                 cancel_once(branch.task)
         await asyncio.gather(*(b.task for b in self.branches if b.task is not None), return_exceptions=True)
+
+
+def reached(offsets: list[int], spoke: list[bool], pos: int) -> tuple[int, bool]:
+    """Which side branch the main stream, now at ``pos``, has reached.
+
+    ``offsets`` are the branches' starts in the text (ascending), ``spoke``
+    whether each has sent anything yet.  Returns (how many branches at the
+    front to close, whether the one after them becomes the main stream).
+    Branches the main stream passed inside a token can never be reached.
+    One it reached that has sent nothing yet has no lead over the main
+    stream (the server may not even have started it: one slot, a queue), so
+    switching to it could only cost a restart: it is closed too.
+
+    >>> reached([10, 20, 30], [True, True, True], 10)   # on a branch that has text: jump
+    (0, True)
+    >>> reached([10, 20, 30], [True, True, True], 12)   # passed inside a token
+    (1, False)
+    >>> reached([10, 20, 30], [False, True, True], 10)  # reached one that has said nothing
+    (1, False)
+    >>> reached([10, 20], [True, True], 5)              # not there yet
+    (0, False)
+    """
+    passed = 0
+    while passed < len(offsets) and offsets[passed] < pos:
+        passed += 1
+    if passed < len(offsets) and offsets[passed] == pos:
+        if spoke[passed]:
+            return passed, True
+        return passed + 1, False
+    return passed, False
 
 
 def draft_agreement(draft: str, written: str) -> tuple[int, bool]:

@@ -1,0 +1,140 @@
+"""What a client learned about a server, kept between processes.
+
+A fresh ``bspec run`` is the common case, and without a memory it would
+re-learn the server every time: whether it offers echo and logprobs, and
+what its calls cost (first-token latency, decode time per token, echo per
+context token, the step time of a batch per width).  So the client keeps a
+*profile* per (server, model) under
+``$BSPEC_PROFILES`` (default ``$BSPEC_CACHE/profiles``): loaded by a fresh
+:class:`~blackbox_spec.SpecClient` (and so by ``bspec run`` and ``bspec
+serve``), written by ``bspec probe`` and refreshed after every generation.
+
+* It never holds the API key: the server is named by its URL without
+  user-info, query or fragment (where keys hide), and the model.
+* Loaded costs keep half their weight (``LOADED_WEIGHT``): the cost fits fade
+  with every new measurement (``LinearCost.decay``), so a profile that no
+  longer matches the server (its load changed, it was restarted on other
+  hardware) is overruled within a few calls.
+* Only what costs speed when it is stale is kept.  What exactness rests on
+  (the stop rule, the tokenizer's request shape, how the chat endpoint
+  continues a message) is learned again by every process: another server
+  may answer at the same URL under the same model name (llama-server
+  today, vLLM tomorrow), and a stale stop rule would end the text in
+  another place.  For the same reason a client with a profile still makes
+  one small call first, which says what kind of server answers (llama.cpp
+  counts tokens and applies stop strings its own way).  A stale capability
+  only costs a refused call.
+* Modes: ``auto`` (load, then save), ``refresh`` (measure anew, then save),
+  ``off`` (neither).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+PROFILE_MODES = ("auto", "refresh", "off")
+VERSION = 1
+LOADED_WEIGHT = 0.5
+
+
+def profiles_dir() -> Path:
+    root = os.environ.get("BSPEC_PROFILES")
+    if root:
+        return Path(root)
+    base = os.environ.get("BSPEC_CACHE") or Path.home() / ".cache" / "blackbox_spec"
+    return Path(base) / "profiles"
+
+
+def server_name(base_url: str) -> str:
+    """The URL without what may hold a secret (user-info, query, fragment).
+
+    >>> server_name("https://user:sk-123@api.example.com:8443/v1/?key=sk-9#x")
+    'https://api.example.com:8443/v1'
+    """
+    parts = urlsplit(base_url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+@dataclass
+class ServerProfile:
+    """Everything kept about one (server, model); plain JSON."""
+
+    server: str
+    model: str
+    capabilities: dict[str, Any] | None = None  # ``Capabilities``
+    costs: dict[str, Any] | None = None  # ``ServerCosts.to_dict``
+    generations: int = 0
+    saved_at: float = 0.0
+    version: int = VERSION
+
+    @property
+    def path(self) -> Path:
+        return profile_path(self.server, self.model)
+
+
+def profile_path(base_url: str, model: str) -> Path:
+    key = f"{server_name(base_url)}|{model}"
+    return profiles_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def load_profile(base_url: str, model: str) -> ServerProfile | None:
+    """The stored profile, or None (none yet, another version, or unreadable:
+    a profile is only ever a head start, never a reason to fail)."""
+    try:
+        data = json.loads(profile_path(base_url, model).read_text())
+        if not isinstance(data, dict) or data.get("version") != VERSION or data.get("server") != server_name(base_url) or data.get("model") != model:
+            return None
+        return ServerProfile(**{k: v for k, v in data.items() if k in ServerProfile.__dataclass_fields__})
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def save_profile(profile: ServerProfile) -> None:
+    """Write atomically (a concurrent reader sees the old file or the new
+    one); a read-only cache only costs the head start."""
+    profile.saved_at = time.time()
+    path = profile.path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".profile-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(profile), f, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+@dataclass
+class ProfileStore:
+    """A client's link to its profile: what mode, and the profile itself once
+    the model is known."""
+
+    mode: str = "auto"
+    profile: ServerProfile | None = None
+    loaded: bool = False  # a stored profile was found and used
+    _checked: set[str] = field(default_factory=set)
+
+    def open(self, base_url: str, model: str) -> ServerProfile | None:
+        """The stored profile to start from (``auto`` only), once per model."""
+        if self.profile is not None and self.profile.model == model:
+            return self.profile if self.loaded else None
+        stored = load_profile(base_url, model) if self.mode == "auto" else None
+        self.loaded = stored is not None
+        self.profile = stored or ServerProfile(server_name(base_url), model)
+        return stored
+
+    def save(self) -> None:
+        if self.mode != "off" and self.profile is not None:
+            save_profile(self.profile)

@@ -1,0 +1,113 @@
+"""Server profiles: what one process learned about a server, for the next."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from blackbox_spec import SpecClient
+from blackbox_spec._exceptions import ConfigurationError
+from blackbox_spec.client import BATCH_PROBE_WIDTH
+from blackbox_spec.policy import ServerCosts
+from blackbox_spec.probe import STOP_PROBE_PROMPT
+from blackbox_spec.profile import load_profile, profile_path, server_name
+from blackbox_spec.testing.sim import SimulatedTarget
+
+from .conftest import PROMPTS
+
+URL = "http://sim.test:8000/v1"
+
+
+def probes(sim: SimulatedTarget) -> int:
+    return sum(1 for r in sim.requests if r.get("prompt") in ("Hello", STOP_PROBE_PROMPT))
+
+
+async def generate(sim: SimulatedTarget, url: str = URL, key: str = "sk-test", **options):
+    async with SpecClient(url, key, sim.model_name, transport=sim.transport(), **options) as client:
+        return await client.generate(PROMPTS["code"] * 2, max_tokens=40, stop=["\n\n\n", "@@"]), client
+
+
+async def test_a_fresh_client_starts_from_what_an_earlier_one_saved():
+    sim = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.005)
+    first, _ = await generate(sim)
+    assert first.stats.server_profile == "probed"
+    assert probes(sim) == 2 + BATCH_PROBE_WIDTH + 2  # capabilities, batch cost, stop rule
+    stored = load_profile(URL, sim.model_name)
+    assert stored is not None and stored.capabilities["echo"] and stored.costs["batch_ratio"]
+    assert stored.generations == 1
+
+    second, client = await generate(sim)
+    # Costs and capabilities come from the profile; what exactness rests on
+    # is learned again: the server's kind (1 call), its stop rule (2 calls).
+    assert probes(sim) == 2 + BATCH_PROBE_WIDTH + 2 + 1 + 2
+    assert second.stats.server_profile == "stored" and second.text == first.text
+    assert load_profile(URL, sim.model_name).generations == 2
+
+
+@pytest.mark.parametrize("before, after", [("first-listed", "earliest-end"), ("earliest-end", "earliest-start")])
+async def test_another_server_at_the_same_url_gets_its_own_stop_rule(before, after):
+    """llama-server today, vLLM tomorrow, same URL and model name: what the
+    profile says can only cost speed; the text is the new server's own."""
+    text = "alpha beta gamma alpha beta gamma " * 3
+    for rule in (before, after):
+        sim = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.0, stop_rule=rule)
+        async with SpecClient(URL, "k", sim.model_name, transport=sim.transport()) as client:
+            result = await client.generate(text, max_tokens=30, stop=["ta gam", "gamma", "a b"])
+        assert (result.text, result.finish_reason) == sim.generate(text, 30, ["ta gam", "gamma", "a b"])[:2]
+        assert client.stop_rule == rule
+
+
+async def test_the_profile_never_holds_a_secret(tmp_path):
+    sim = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.005)
+    url = "http://alice:pa55word@sim.test:8000/v1"
+    await generate(sim, url, key="sk-SECRET-key")
+    files = list(Path(os.environ["BSPEC_PROFILES"]).glob("*.json"))
+    assert len(files) == 1
+    text = files[0].read_text()
+    for secret in ("alice", "pa55word", "sk-SECRET-key"):
+        assert secret not in text
+    assert json.loads(text)["server"] == "http://sim.test:8000/v1" == server_name(url)
+
+
+async def test_off_keeps_nothing_and_refresh_measures_again():
+    sim = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.005)
+    await generate(sim, profile="off")
+    assert load_profile(URL, sim.model_name) is None
+    await generate(sim)
+    before = probes(sim)
+    refreshed, _ = await generate(sim, profile="refresh")
+    assert probes(sim) > before and refreshed.stats.server_profile == "probed"
+    assert load_profile(URL, sim.model_name).generations == 1  # a new profile
+
+
+@pytest.mark.parametrize("content", ["not json", '{"version": 1, "server": "elsewhere"}', '{"version": 99}', "[]"])
+async def test_an_unreadable_or_foreign_profile_is_ignored(content):
+    sim = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.005)
+    path = profile_path(URL, sim.model_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    result, _ = await generate(sim)
+    assert result.stats.server_profile == "probed" and probes(sim) >= 2
+
+
+def test_stored_costs_predict_the_same_and_weigh_half():
+    costs = ServerCosts(0.2)
+    for tokens, seconds in ((8, 0.4), (64, 2.0), (128, 3.9)):
+        costs.stream.add(tokens, seconds)
+    costs.observe_step(1, 0.03)
+    costs.batch_ratio[8] = 1.1
+    loaded = ServerCosts.from_dict(json.loads(json.dumps(costs.to_dict())), 0.5)
+    assert loaded.stream.predict(100) == pytest.approx(costs.stream.predict(100))
+    assert loaded.step_seconds(8) == pytest.approx(costs.step_seconds(8))
+    # New measurements move a loaded fit twice as fast as they would the original.
+    costs.stream.add(64, 4.0)
+    loaded.stream.add(64, 4.0)
+    assert abs(loaded.stream.predict(64) - 2.0) > abs(costs.stream.predict(64) - 2.0)
+
+
+def test_an_unknown_profile_mode_is_a_clear_error():
+    with pytest.raises(ConfigurationError, match="profile"):
+        SpecClient(URL, "k", "m", profile="sometimes")

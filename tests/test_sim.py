@@ -1,0 +1,181 @@
+"""The simulated servers (``blackbox_spec.testing.sim``): they answer real
+recorded model text, cost what their preset says, and the client stays
+exact on each of them.  Speed ratios are printed, never asserted."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from blackbox_spec import SpecClient
+from blackbox_spec.bench.workloads import PROMPTS as BENCH_PROMPTS
+from blackbox_spec.testing.sim import OFF_PATH, PRESETS, Recording, Replay, SimulatedTarget, _PrefixCache, load_recordings
+
+RECORDINGS = {r.name: r for r in load_recordings()}
+
+
+def bench_prompt(name: str):
+    return next(p for p in BENCH_PROMPTS if p.name == name)
+
+
+def client(sim: SimulatedTarget, **options) -> SpecClient:
+    return SpecClient(f"http://sim-{id(sim)}/v1", "sk-sim", sim.model_name, transport=sim.transport(), **options)
+
+
+def test_recordings_cover_every_bench_prompt_with_real_tokens():
+    assert {p.name for p in BENCH_PROMPTS} <= set(RECORDINGS)
+    for name, r in RECORDINGS.items():
+        assert r.prompt == bench_prompt(name).text
+        assert r.finish in ("stop", "length") and len(r.tokens) >= 40
+        assert b"".join(r.tokens).decode()  # whole UTF-8 text, split into the model's own tokens
+
+
+async def test_a_plain_call_replays_the_recording_and_anything_else_leaves_it():
+    sim = SimulatedTarget.preset("gpu", replay=True, rtt_s=0.0, decode_s=0.0)
+    recording = RECORDINGS["rename-js"]
+    async with client(sim, drafter=None) as c:
+        result = await c.generate(recording.prompt, max_tokens=bench_prompt("rename-js").max_tokens)
+        assert result.text.encode() == b"".join(recording.tokens) and result.finish_reason == "stop"
+        # Off the recorded path (a word changed): text no recording holds.
+        off = await c.generate(recording.prompt + b"".join(recording.tokens[:20]).decode() + " banana", max_tokens=5)
+        assert off.text and set(off.text) <= set(OFF_PATH)
+
+
+def test_the_replay_tokenizer_follows_the_recorded_tokens():
+    recording = Recording("r", "Say hi:", [b" hi", b" there", b"!"], "stop")
+    model = Replay([recording])
+    tok = model.tokenizer
+    prompt_ids = tok.encode("Say hi:")
+    assert tok.encode("Say hi: hi there") == prompt_ids + [tok._ids[b" hi"], tok._ids[b" there"]]
+    st = model.state(tok.encode("Say hi: hi"))
+    assert st.ranked()[0][0] == tok._ids[b" there"]
+    st = model.state(tok.encode("Say hi: hi there!"))
+    assert st.ranked()[0][0] == tok.eos_id  # the recording stopped there
+
+
+def test_the_prefix_cache_finds_the_longest_shared_prefix():
+    cache = _PrefixCache(size=2)
+    cache.add((1, 2, 3, 4))
+    cache.add((1, 2, 9))
+    assert cache.cached((1, 2, 3, 4, 5)) == 4
+    assert cache.cached((1, 2, 9, 9)) == 3
+    assert cache.cached((7,)) == 0
+    cache.add((7, 7))  # the oldest goes
+    assert cache.cached((1, 2, 3, 4)) == 2
+
+
+@pytest.mark.parametrize("preset, peak", [("gpu", 4), ("one-slot", 1)])
+async def test_slots_bound_how_many_requests_run_at_once(preset, peak):
+    sim = SimulatedTarget.preset(preset, rtt_s=0.0, decode_s=0.002)
+    async with client(sim, drafter=None) as c:
+        await asyncio.gather(*(c.generate("one two three", max_tokens=8) for _ in range(4)))
+    assert sim.counts["peak_running"] == peak
+    assert (sim.counts["queued_s"] > 0.005) == (peak == 1)
+
+
+async def test_a_closed_stream_gives_its_slot_back():
+    """The client closes a stream part-way (a branch it no longer needs):
+    the request behind it in a one-slot server runs at once."""
+    sim = SimulatedTarget.preset("one-slot", rtt_s=0.0, decode_s=0.01)
+    async with client(sim, drafter=None) as c:
+        stream = c.stream("one two three", max_tokens=200)
+        async for _ in stream:
+            break
+        await stream.aclose()
+        started = time.perf_counter()
+        await c.generate("one two", max_tokens=3)
+        assert time.perf_counter() - started < 1.0  # not behind 200 tokens x 10 ms
+    assert sim.counts["peak_running"] == 1
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("name", ["rename-js", "story"])
+async def test_speculation_is_exact_on_every_simulated_server(preset, name, capsys):
+    """A fresh client on each preset, with real recorded text: the answer is
+    the plain call's; on a GPU-like server an edit jumps ahead on side
+    branches, on a one-slot server none is ever reached (it queues them)."""
+    # Costs scaled down 5x to keep the suite quick; their ratios are the preset's.
+    costs = PRESETS[preset]
+    sim = SimulatedTarget.preset(preset, replay=True, decode_s=costs.decode_s / 5, rtt_s=costs.rtt_s / 5, prefill_s=costs.prefill_s / 5, overhead_s=costs.overhead_s / 5)
+    prompt = bench_prompt(name)
+    timings = {}
+    for label, drafter in (("plain", None), ("spec", "ngram")):
+        async with client(sim, drafter=drafter) as c:
+            started = time.perf_counter()
+            result = await c.generate(prompt.text, max_tokens=prompt.max_tokens)
+            timings[label] = time.perf_counter() - started
+        assert result.text.encode() == b"".join(RECORDINGS[name].tokens)
+        if label == "spec" and name == "rename-js" and preset == "gpu":
+            assert result.stats.jumps >= 1
+        if label == "spec" and preset == "one-slot":
+            assert result.stats.jumps == 0
+    with capsys.disabled():
+        print(f"\n  [{preset} {name}: fresh client {timings['plain'] / timings['spec']:.2f}x]", end="")
+
+
+async def test_the_server_queue_is_noticed_when_the_batch_probe_missed_it():
+    """A client that believes batching is free (a profile from another server,
+    say) on a one-slot server: its side branches are queued behind the main
+    stream and never reached; it notices and prices them as whole requests."""
+    sim = SimulatedTarget.preset("one-slot", replay=True)
+    prompt = bench_prompt("hints-stats")
+    async with client(sim) as c:
+        await c.probe()
+        c.costs.batch_ratio.clear()
+        c.costs.step.update({1: 0.015, 8: 0.015})
+        result = await c.generate(prompt.text, max_tokens=prompt.max_tokens)
+        assert result.text.encode() == b"".join(RECORDINGS["hints-stats"].tokens)
+        assert result.stats.jumps == 0
+        assert any("queued" in note for note in result.stats.notes)
+        assert c.costs.queues and c.costs.step_seconds(4) >= 4 * c.costs.step_seconds(1)
+
+
+@pytest.fixture
+def sim_over_http():
+    """A simulated GPU server over real HTTP, in a thread (as
+    ``python -m blackbox_spec.testing.sim`` serves it)."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from blackbox_spec.testing.sim import asgi_app
+
+    sim = SimulatedTarget.preset("gpu", replay=True, decode_s=0.003, model_name="sim")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(asgi_app(sim), host="127.0.0.1", port=port, log_level="warning", loop="asyncio"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started and time.time() < deadline:
+        time.sleep(0.02)
+    yield sim, f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_a_second_bspec_run_starts_from_the_profile_the_first_saved(sim_over_http, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    sim, url = sim_over_http
+    prompt = bench_prompt("rename-js")
+    path = tmp_path / "prompt.txt"
+    path.write_text(prompt.text)
+    outputs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-m", "blackbox_spec.cli", "run", str(path), "--base-url", url, "--model", "sim",
+                               "--max-tokens", str(prompt.max_tokens), "--json"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        outputs.append(json.loads(done.stdout))
+    assert [o["stats"]["server_profile"] for o in outputs] == ["probed", "stored"]
+    for out in outputs:
+        assert out["text"].encode() == b"".join(RECORDINGS["rename-js"].tokens)
+    # The first run's probe; the second run's one call that says what kind of server answers.
+    assert sum(1 for r in sim.requests if r.get("prompt") == "Hello") == 2 + 8 + 1
