@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
@@ -34,6 +35,7 @@ from ._retry import RetryPolicy, parse_retry_after
 from ._tokens import OPAQUE, Unit, align_tokens, is_token_id, mark_inexact, with_last_bytes
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+LLAMA_FINGERPRINT = re.compile(r"^b\d+-")  # llama.cpp's build info (server-task.cpp)
 
 
 @dataclass
@@ -408,9 +410,7 @@ class TargetAPI:
                 raise TypeError("prompt_logprobs is not a list")
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise TargetResponseError(self._fail(f"malformed completion from {self.base_url}: {type(exc).__name__}: {exc}")) from None
-        if "timings" in data:  # llama.cpp's server: it lists only tokens that finish a character
-            self.server_kind = "llama.cpp"
-            self.omits_pieces = True
+        self._recognize(data)
         echoed = echoed_prompt is not None and full.startswith(echoed_prompt)
         text = full[len(echoed_prompt):] if echoed else full
         completion = Completion(text, finish, usage, elapsed, echoed=echoed, prompt_logprobs=prompt_logprobs)
@@ -469,6 +469,18 @@ class TargetAPI:
             self._count_each_token(body)
         return self._stream("/completions", body, logprobs is not None)
 
+    def _recognize(self, data: Any) -> None:
+        """llama.cpp's server says who it is in every answer and stream chunk
+        (``system_fingerprint`` "b<build>-<commit>"; ``timings`` in answers):
+        it lists only tokens that finish a character, and applies stop
+        strings its own way."""
+        if not isinstance(data, dict) or self.server_kind == "llama.cpp":
+            return
+        fingerprint = data.get("system_fingerprint")
+        if "timings" in data or isinstance(fingerprint, str) and LLAMA_FINGERPRINT.match(fingerprint):
+            self.server_kind = "llama.cpp"
+            self.omits_pieces = True
+
     def _count_each_token(self, body: dict[str, Any]) -> None:
         """llama.cpp lists only tokens that finish a character; its timings
         per token say how many it generated (``StreamPiece.generated``)."""
@@ -505,6 +517,7 @@ class TargetAPI:
                         if with_tokens:
                             await self._name_token_ids(chunk)
                         pieces, finish, usage = _parse_chunk(chunk, with_tokens)
+                        self._recognize(chunk)
                     except (ValueError, TypeError, AttributeError, KeyError) as exc:
                         raise TargetResponseError(self._fail(f"malformed stream chunk from {self.base_url}: {type(exc).__name__}")) from None
                     if usage is not None:

@@ -39,6 +39,7 @@ BATCH_PROBE_WIDTH = 8
 BATCH_PROBE_TOKENS = 8
 BATCH_PROBE_PROMPT = "Hello"  # (tests tell probes by it)
 MIN_TIMED_S = 0.02  # calls quicker than this time the client, not the server
+BATCH_PROBE_PATIENCE = 3.0  # the 8 calls at once may take this many times one alone
 _REFUSALS = (400, 422, 501)
 
 
@@ -225,20 +226,21 @@ class SpecClient:
         await self.ensure_model()
         async with self._probing:
             self._open_profile()
-            if self.capabilities is not None and self.profiles.loaded and not self._identified:
-                await self._identify()
             if self.capabilities is None:
                 self.capabilities = await self._probe()
+                if self.profiles.profile is not None:
+                    self.profiles.profile.probed_at = time.time()
                 self._keep_profile()
-            self._identified = True
+                self._identified = True  # (the probe's answers said what kind of server this is)
         return self.capabilities
 
     async def _identify(self) -> None:
-        """With a stored profile, one small call still goes first: what kind
-        of server answers (llama.cpp's answers carry "timings") decides how
-        its token counts and stop strings are read, which exactness rests
-        on, and another server may now answer at this URL.  A refusal sends
-        the client back to a full probe."""
+        """With a stored profile and stop strings, one small call goes first:
+        what kind of server answers decides where its stop strings end the
+        text, and another server may now answer at this URL.  (Without stop
+        strings the first stream says it soon enough: llama.cpp's chunks carry
+        its build as ``system_fingerprint``, and its counts are then read as
+        lower bounds.)  A refusal sends the client back to a full probe."""
         try:
             await self.api.complete("Hello", max_tokens=1, logprobs=1 if self.capabilities and self.capabilities.logprobs else None)
         except TargetHTTPError as exc:
@@ -371,11 +373,16 @@ class SpecClient:
         if alone_s < MIN_TIMED_S:
             return
         started = time.perf_counter()
-        try:
-            await asyncio.gather(*(self.api.complete(BATCH_PROBE_PROMPT, max_tokens=BATCH_PROBE_TOKENS) for _ in range(width)))
-        except TargetError:
-            return
-        costs.batch_ratio[width] = max(1.0, (time.perf_counter() - started) / max(1e-3, alone_s))
+        calls = [asyncio.ensure_future(self.api.complete(BATCH_PROBE_PROMPT, max_tokens=BATCH_PROBE_TOKENS)) for _ in range(width)]
+        # Past a few times one call's time the answer is known (a server that
+        # runs them in turn): the rest are cancelled, not waited for.
+        done, pending = await asyncio.wait(calls, timeout=BATCH_PROBE_PATIENCE * alone_s)
+        for call in pending:
+            call.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+        if any(c.exception() for c in done):
+            return  # (a rate limit, say: the prior stays)
+        costs.batch_ratio[width] = float(width) if pending else max(1.0, (time.perf_counter() - started) / max(1e-3, alone_s))
 
     # -- generation ---------------------------------------------------------------
 
@@ -502,6 +509,12 @@ class SpecClient:
                     yield piece
             return
         caps = await self.probe()
+        if out.stop and not self._identified:
+            async with self._probing:
+                if not self._identified:
+                    await self._identify()
+                    self._identified = True
+            caps = await self.probe()  # (measured afresh where the stored capabilities were refused)
         available = (["echo"] if caps.echo else []) + (["fanout"] if caps.logprobs else [])
         forced = None if self.strategy == "auto" else self.strategy
         if forced and forced not in available:

@@ -424,6 +424,7 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                     for b in group:
                         streams.start(b)
                 branch.buffered.append(item)
+                policy.costs.branch_spoke = True
                 if isinstance(item, StreamPiece):
                     branch.side_text += item.text
                     k = group.index(branch)
@@ -500,10 +501,12 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
                 end_group()
                 stats.note("side branches took far longer than forecast here; closed")
             # Branches that have not said a word long after a request's first
-            # token would have come: the server queues them (one slot, a rate
-            # limit).  They never delay the main stream, which runs first, but
-            # they can't help either: priced as whole requests from now on.
-            if group and not any(b.buffered for b in group) and time.perf_counter() - group_started > policy.first_word_deadline_s(len(draft)) or silent[0] >= 2:
+            # token would have come, where no branch ever has: the server
+            # queues them (one slot, a rate limit).  They never delay the main
+            # stream, which runs first, but they can't help either: priced as
+            # whole requests from now on.
+            queued = not policy.costs.branch_spoke and (silent[0] >= 2 or group and time.perf_counter() - group_started > policy.first_word_deadline_s(len(draft)))
+            if queued:
                 silent[0] = 0
                 policy.costs.observe_queueing(group_width)
                 close_group()

@@ -152,8 +152,11 @@ class ServerCosts:
         # queued): where no step time of that width has been seen.
         self.batch_ratio: dict[int, float] = {}
         # The server was seen queueing side branches behind the main stream
-        # (one slot, a rate limit): every branch costs a whole request.
+        # (one slot, a rate limit): every branch costs a whole request.  Not
+        # kept in profiles: one false alarm (a stalled client) would end
+        # branches for every later process; the batch probe's ratio is.
         self.queues = False
+        self.branch_spoke = False  # some side branch has sent something
         # The drafter's own cost, against what its drafts saved (per client).
         self.drafting = DraftBudget()
         # How drafts held in the last generation (``Policy.remember``).
@@ -166,7 +169,6 @@ class ServerCosts:
             "fanout": {str(w): c.to_dict() for w, c in self.fanout.items() if c.observed},
             "step": {str(w): s for w, s in self.step.items()},
             "batch_ratio": {str(w): r for w, r in self.batch_ratio.items()},
-            "queues": self.queues,
         }
 
     @classmethod
@@ -177,7 +179,6 @@ class ServerCosts:
         costs.fanout = {int(w): LinearCost.from_dict(c, weight) for w, c in data.get("fanout", {}).items()}
         costs.step = {int(w): float(s) for w, s in data.get("step", {}).items()}
         costs.batch_ratio = {int(w): float(r) for w, r in data.get("batch_ratio", {}).items()}
-        costs.queues = bool(data.get("queues", False))
         return costs
 
     def per_token(self) -> float:

@@ -24,6 +24,7 @@ serve``), written by ``bspec probe`` and refreshed after every generation.
   one small call first, which says what kind of server answers (llama.cpp
   counts tokens and applies stop strings its own way).  A stale capability
   only costs a refused call.
+* A profile older than a day (``MAX_AGE_S``) is measured again.
 * Modes: ``auto`` (load, then save), ``refresh`` (measure anew, then save),
   ``off`` (neither).
 """
@@ -43,6 +44,10 @@ from urllib.parse import urlsplit, urlunsplit
 PROFILE_MODES = ("auto", "refresh", "off")
 VERSION = 1
 LOADED_WEIGHT = 0.5
+# A profile measured longer ago than this is measured again: servers are
+# restarted, moved and loaded differently, and what stops branches (a batch
+# probe that found them costly) is otherwise never seen to be wrong.
+MAX_AGE_S = 24 * 3600
 
 
 def profiles_dir() -> Path:
@@ -76,6 +81,7 @@ class ServerProfile:
     capabilities: dict[str, Any] | None = None  # ``Capabilities``
     costs: dict[str, Any] | None = None  # ``ServerCosts.to_dict``
     generations: int = 0
+    probed_at: float = 0.0  # when the client's probe last measured it
     saved_at: float = 0.0
     version: int = VERSION
 
@@ -131,6 +137,8 @@ class ProfileStore:
         if self.profile is not None and self.profile.model == model:
             return self.profile if self.loaded else None
         stored = load_profile(base_url, model) if self.mode == "auto" else None
+        if stored is not None and time.time() - stored.probed_at > MAX_AGE_S:
+            stored = None  # too old: measured again (and written over)
         self.loaded = stored is not None
         self.profile = stored or ServerProfile(server_name(base_url), model)
         return stored

@@ -13,7 +13,7 @@ from blackbox_spec._exceptions import ConfigurationError
 from blackbox_spec.client import BATCH_PROBE_WIDTH
 from blackbox_spec.policy import ServerCosts
 from blackbox_spec.probe import STOP_PROBE_PROMPT
-from blackbox_spec.profile import load_profile, profile_path, server_name
+from blackbox_spec.profile import MAX_AGE_S, load_profile, profile_path, server_name
 from blackbox_spec.testing.sim import SimulatedTarget
 
 from .conftest import PROMPTS
@@ -111,3 +111,45 @@ def test_stored_costs_predict_the_same_and_weigh_half():
 def test_an_unknown_profile_mode_is_a_clear_error():
     with pytest.raises(ConfigurationError, match="profile"):
         SpecClient(URL, "k", "m", profile="sometimes")
+
+
+async def test_a_profile_older_than_a_day_is_measured_again():
+    sim = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.005)
+    await generate(sim)
+    stored = load_profile(URL, sim.model_name)
+    data = json.loads(profile_path(URL, sim.model_name).read_text())
+    data["probed_at"] = stored.probed_at - MAX_AGE_S - 1
+    profile_path(URL, sim.model_name).write_text(json.dumps(data))
+    again, _ = await generate(sim)
+    assert again.stats.server_profile == "probed"
+    assert load_profile(URL, sim.model_name).probed_at > data["probed_at"] + MAX_AGE_S
+
+
+async def test_a_queue_seen_once_is_not_kept_for_later_processes():
+    """Branches that seemed queued (a stalled client can look like that) stop
+    branches in this client only: the profile keeps the batch probe's ratio."""
+    sim = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.005)
+    async with SpecClient(URL, "k", sim.model_name, transport=sim.transport()) as client:
+        await client.probe()
+        client.costs.observe_queueing(8)
+        client._keep_profile()
+    async with SpecClient(URL, "k", sim.model_name, transport=sim.transport()) as client:
+        await client.probe()
+        assert not client.costs.queues and client.costs.step_seconds(8) < 2 * client.costs.step_seconds(1)
+
+
+@pytest.mark.parametrize("stop", [None, ["🚀 and"]])
+async def test_llama_cpp_answering_where_a_profile_saw_vllm_is_recognized(stop):
+    """No probe runs (the profile is fresh), yet llama.cpp's first answer
+    says what it is (its build as ``system_fingerprint``), so its counts
+    around split characters are read as lower bounds; with stop strings one
+    small call asks first.  The text is llama.cpp's own."""
+    prompt = PROMPTS["emoji"] * 3
+    vllm = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.005, token_form="vllm")
+    await generate(vllm)
+    llama = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.005, token_form="llama", stop_rule="earliest-start", echo="refuse")
+    async with SpecClient(URL, "k", llama.model_name, transport=llama.transport()) as client:
+        result = await client.generate(prompt, max_tokens=37, stop=stop)
+    assert result.stats.server_profile == "stored"
+    assert (result.text, result.finish_reason) == llama.generate(prompt, 37, stop)[:2]
+    assert client.api.server_kind == "llama.cpp"

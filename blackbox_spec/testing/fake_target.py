@@ -42,6 +42,7 @@ from . import forms
 from .faults import Faults
 
 EOS_TEXT = "<|endoftext|>"
+LLAMA_FINGERPRINT = "b6500-fake0000"  # llama.cpp's "b<build>-<commit>"
 OPAQUE_TEXT = "\ufffd"
 
 _WORDS = (
@@ -698,6 +699,7 @@ class FakeTarget:
         answer = {"id": "cmpl-fake", "object": "text_completion", "model": self.model_name, "choices": [choice], "usage": usage}
         if self.token_form == "llama":
             answer["timings"] = {"predicted_n": len(out)}  # llama.cpp's server sends its timings
+            answer["system_fingerprint"] = LLAMA_FINGERPRINT
         return 200, answer, None
 
     def _rankings(self, before: list[int], ids: list[int]) -> list[tuple | None]:
@@ -803,8 +805,11 @@ class FakeTarget:
         return chunks
 
     def _chunk(self, text: str, finish: str | None, logprobs: dict | None = None) -> dict:
-        return {"id": "cmpl-fake", "object": "text_completion", "model": self.model_name,
-                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}]}
+        chunk = {"id": "cmpl-fake", "object": "text_completion", "model": self.model_name,
+                 "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}]}
+        if self.token_form == "llama":
+            chunk["system_fingerprint"] = LLAMA_FINGERPRINT  # llama.cpp's build info, in every chunk
+        return chunk
 
     # -- a real HTTP server, for subprocess tests and demos ------------------
 

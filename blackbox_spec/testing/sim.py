@@ -251,6 +251,11 @@ class SimulatedTarget(FakeTarget):
         model = Replay(None if replay is True else replay) if replay else overrides.pop("model", FakeModel())
         return cls(costs=replace(costs, **cost_fields), model=model, token_form=overrides.pop("token_form", "vllm"), **overrides)
 
+    @property
+    def running(self) -> int:
+        """Requests holding a slot now (0 once every client has left)."""
+        return self._running
+
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle_async)
 
@@ -295,10 +300,10 @@ class SimulatedTarget(FakeTarget):
                 release()
                 await asyncio.sleep(costs.rtt_s / 2)
                 return httpx.Response(status, json=payload)
-        except BaseException:
+            await asyncio.sleep(costs.rtt_s / 2)
+        except BaseException:  # the client left (a branch closed): the slot comes back
             release()
             raise
-        await asyncio.sleep(costs.rtt_s / 2)
         # Chunks are paced by tokens (a chunk without logprobs may stand for several).
         per_chunk = generated / max(1, len(chunks) - 1)
         return httpx.Response(status, stream=_SimStream(self, chunks, per_chunk, release), headers={"content-type": "text/event-stream"})
