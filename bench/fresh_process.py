@@ -71,7 +71,8 @@ def main() -> None:
             plain, spec = statistics.median(walls["plain"]), statistics.median(walls["spec"])
             row = {"prompt": prompt.name, "workload": prompt.workload, "plain_s": round(plain, 3), "spec_s": round(spec, 3),
                    "speedup": round(plain / spec, 3), "identical": identical, "plain_runs": walls["plain"], "spec_runs": walls["spec"],
-                   "jumps": [s.get("jumps") for s in stats], "server_profile": [s.get("server_profile") for s in stats]}
+                   "jumps": [s.get("jumps") for s in stats], "server_profile": [s.get("server_profile") for s in stats],
+                   "text": texts["plain"][0]}  # (to compare with other servers' texts)
             rows.append(row)
             print(f"{prompt.name:18} {prompt.workload:10} plain {plain:6.2f}s spec {spec:6.2f}s {plain / spec:5.2f}x"
                   f"{'' if identical else '  TEXTS DIFFER'}", flush=True)

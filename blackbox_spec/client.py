@@ -201,6 +201,7 @@ class SpecClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        self._keep_profile()  # what the last generations measured
         await self.api.aclose()
 
     async def load_drafter(self) -> None:
@@ -266,14 +267,15 @@ class SpecClient:
             self.capabilities = self.costs = None
         self.profiles.loaded = self.capabilities is not None
 
-    def _keep_profile(self) -> None:
-        """Write what this client knows now into its profile (not the key)."""
+    def _keep_profile(self, *, force: bool = True) -> None:
+        """Write what this client knows now into its profile (not the key);
+        unless ``force``, only if it was not written in the last seconds."""
         profile = self.profiles.profile
         if profile is None or self.profiles.mode == "off":
             return
         if self.capabilities is not None and self.costs is not None:
             profile.capabilities, profile.costs = asdict(self.capabilities), self.costs.to_dict()
-            self.profiles.save()
+            self.profiles.save(force=force)
 
     async def probe_chat(self) -> ChatSupport:
         """Learn once how the chat endpoint can be verified (see :mod:`.chat`)."""
@@ -515,7 +517,7 @@ class SpecClient:
                     await self._identify()
                     self._identified = True
             caps = await self.probe()  # (measured afresh where the stored capabilities were refused)
-        available = (["echo"] if caps.echo else []) + (["fanout"] if caps.logprobs else [])
+        available = (["echo"] if caps.echo else []) + (["fanout", "branches"] if caps.logprobs else [])
         forced = None if self.strategy == "auto" else self.strategy
         if forced and forced not in available:
             raise ConfigurationError(
@@ -554,7 +556,7 @@ class SpecClient:
         if self.strategy not in ("auto", "plain") and turn.support is not None and not turn.support.speculative:
             raise ConfigurationError(f"strategy {self.strategy!r} is not available on {self.api.base_url}'s chat endpoint: {turn.support.reason}")
         if reason is None:
-            available = (["echo"] if turn.support.prompt_logprobs else []) + ["fanout"]  # type: ignore[union-attr]
+            available = (["echo"] if turn.support.prompt_logprobs else []) + ["fanout", "branches"]  # type: ignore[union-attr]
             forced = None if self.strategy == "auto" else self.strategy
             if forced and forced not in available:
                 raise ConfigurationError(f"strategy {forced!r} is not available on {self.api.base_url}'s chat endpoint (no prompt_logprobs); use --strategy auto")
@@ -591,7 +593,7 @@ class SpecClient:
             policy.remember()
             if self.profiles.profile is not None:
                 self.profiles.profile.generations += 1
-            self._keep_profile()
+            self._keep_profile(force=False)
             finish = getattr(drafter, "finish", None)
             if finish is not None:
                 finish()  # the suffix drafter remembers this output for the session

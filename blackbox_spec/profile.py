@@ -48,6 +48,9 @@ LOADED_WEIGHT = 0.5
 # restarted, moved and loaded differently, and what stops branches (a batch
 # probe that found them costly) is otherwise never seen to be wrong.
 MAX_AGE_S = 24 * 3600
+# A client writes its profile after a generation at most this often (a
+# proxy runs many a second); closing the client writes the rest.
+SAVE_EVERY_S = 10.0
 
 
 def profiles_dir() -> Path:
@@ -131,6 +134,7 @@ class ProfileStore:
     profile: ServerProfile | None = None
     loaded: bool = False  # a stored profile was found and used
     _checked: set[str] = field(default_factory=set)
+    _last_save: float | None = None  # (monotonic) when this process last wrote it
 
     def open(self, base_url: str, model: str) -> ServerProfile | None:
         """The stored profile to start from (``auto`` only), once per model."""
@@ -143,6 +147,13 @@ class ProfileStore:
         self.profile = stored or ServerProfile(server_name(base_url), model)
         return stored
 
-    def save(self) -> None:
-        if self.mode != "off" and self.profile is not None:
+    def save(self, *, force: bool = True) -> None:
+        """Write the profile; unless ``force``, at most every ``SAVE_EVERY_S``
+        (a proxy runs many generations a second; the client's close writes
+        the rest)."""
+        if self.mode == "off" or self.profile is None:
+            return
+        now = time.monotonic()
+        if force or self._last_save is None or now - self._last_save >= SAVE_EVERY_S:
             save_profile(self.profile)
+            self._last_save = now

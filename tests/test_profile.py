@@ -131,7 +131,7 @@ async def test_a_queue_seen_once_is_not_kept_for_later_processes():
     sim = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.005)
     async with SpecClient(URL, "k", sim.model_name, transport=sim.transport()) as client:
         await client.probe()
-        client.costs.observe_queueing(8)
+        client.costs.observe_queueing()
         client._keep_profile()
     async with SpecClient(URL, "k", sim.model_name, transport=sim.transport()) as client:
         await client.probe()
@@ -153,3 +153,21 @@ async def test_llama_cpp_answering_where_a_profile_saw_vllm_is_recognized(stop):
     assert result.stats.server_profile == "stored"
     assert (result.text, result.finish_reason) == llama.generate(prompt, 37, stop)[:2]
     assert client.api.server_kind == "llama.cpp"
+
+
+async def test_many_generations_write_the_profile_seldom_and_closing_writes_the_rest(monkeypatch):
+    """A proxy runs many generations a second: the profile is written at most
+    every ``SAVE_EVERY_S`` after one, and what the last ones measured is
+    written when the client closes."""
+    import blackbox_spec.profile as profile_module
+
+    writes = []
+    real = profile_module.save_profile
+    monkeypatch.setattr(profile_module, "save_profile", lambda p: (writes.append(p.generations), real(p)))
+    sim = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.0)
+    async with SpecClient(URL, "k", sim.model_name, transport=sim.transport()) as client:
+        for _ in range(5):
+            await client.generate(PROMPTS["code"], max_tokens=8)
+        assert writes == [0]  # the probe's; the generations came within SAVE_EVERY_S of it
+    assert writes == [0, 5]
+    assert load_profile(URL, sim.model_name).generations == 5

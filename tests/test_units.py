@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from blackbox_spec._tokens import Unit
-from blackbox_spec.policy import HUNCH_STREAK, LinearCost, Policy, RunLengths, ServerCosts
+from blackbox_spec.policy import HUNCH_STREAK, TUNING, LinearCost, Policy, RunLengths, ServerCosts, branch_outlook, round_options
 from blackbox_spec.testing import FakeTarget
 from blackbox_spec.verifiers import Plan, Verdict
 from blackbox_spec.verifiers.fanout import likely_boundaries, units_through
@@ -103,7 +103,7 @@ def _policy(**costs) -> Policy:
     server = ServerCosts(round_trip_s=0.1)
     server.stream.add(64, costs.get("stream", 0.1 + 64 * 0.06))
     server.stream.add(128, 0.1 + 128 * 0.06)
-    policy = Policy(["echo", "fanout"], server)
+    policy = Policy(["echo", "fanout", "branches"], server)
     policy.context_tokens = costs.get("context", 300)
     return policy
 
@@ -187,7 +187,7 @@ def test_side_branches_open_where_batching_pays_and_not_where_it_does_not():
     # A server seen queueing branches (one slot) gets none either.
     queued = _policy()
     queued.costs.observe_step(1, 0.03)
-    queued.costs.observe_queueing(8)
+    queued.costs.observe_queueing()
     assert queued.branches("x = 1\n" * 400, 200, remaining=500) is None
     # Forced strategies and servers without concurrent calls get none.
     assert Policy(["echo"], vllm.costs).branches("x = 1\n" * 400, 200, remaining=500) is None
@@ -223,3 +223,61 @@ def test_segments_are_short_where_drafts_break_often_and_long_where_they_hold():
     breaking, holding = policy.branches(draft, 10, remaining=500), policy.branches(draft, 200, remaining=500)
     assert breaking is not None and holding is not None
     assert breaking.segment_chars < holding.segment_chars
+
+
+def _server(step_s: float, **batch_ratio: float) -> ServerCosts:
+    costs = ServerCosts(round_trip_s=0.1)
+    costs.observe_step(1, step_s)
+    costs.batch_ratio.update({int(w[1:]): r for w, r in batch_ratio.items()})
+    return costs
+
+
+def test_branch_outlook_is_a_pure_function_of_costs_runs_and_draft():
+    gpu = _server(0.015, w16=1.05)  # batching free
+    held = RunLengths(150.0, accepted=2000.0)
+    before = gpu.to_dict()
+    args = dict(remaining=500, chars_per_token=3.5, widths=[2, 4, 8, 16], bar=TUNING.margin, overhead_s=0.03)
+    first, again = branch_outlook(gpu, held, 2000, **args), branch_outlook(gpu, held, 2000, **args)
+    assert first == again and gpu.to_dict() == before
+    assert first is not None and first.plan.width == 16 and first.saved_s > first.cost_s
+    # A server that speculates itself (chunks of several tokens): its batch
+    # probe of short calls says little; only groups really timed count.
+    for _ in range(20):
+        gpu.observe_step(1, 0.045, 3)
+    assert gpu.speculates and branch_outlook(gpu, held, 2000, **args).plan.width == 2
+    gpu.observe_step(2, 0.016)
+    assert branch_outlook(gpu, held, 2000, **args).plan.width == 4
+    # Never wider than twice the widest width measured (slow start).
+    unmeasured = _server(0.015)
+    assert branch_outlook(unmeasured, held, 2000, **args).plan.width == 2
+    # Where two streams cost twice one (llama-server on two cores), none pays.
+    cpu = _server(0.03)
+    cpu.observe_step(2, 0.06)
+    assert branch_outlook(cpu, held, 2000, **args) is None
+    # Drafts that break at once are not worth a group even where it is free.
+    breaking = RunLengths(6.0, accepted=10.0, misses=40.0)
+    assert branch_outlook(gpu, breaking, 2000, **args) is None
+
+
+def test_round_options_bet_on_echo_only_once_drafts_have_held():
+    costs = _server(0.06)
+    kwargs = dict(strategies=["echo", "fanout", "branches"], forced=None, chars_per_token=3.5, context_tokens=300, widths=[2, 4])
+    unproven, proven = RunLengths(150.0), RunLengths(150.0, accepted=200.0)
+    assert round_options(costs, unproven, 2000, **kwargs) == []
+    [(gain, seconds, plan)] = round_options(costs, proven, 2000, **kwargs)
+    assert plan.strategy == "echo" and gain > 1 and seconds > 0
+    # Forced fan-out: one option per width, each checking at most width × segment.
+    forced = round_options(costs, unproven, 2000, **(kwargs | {"forced": "fanout"}))
+    assert [p.width for _, _, p in forced] == [2, 4]
+    assert all(p.draft_chars <= p.width * p.segment_chars for _, _, p in forced)
+
+
+def test_step_time_is_weighted_per_token_where_a_server_sends_bursts():
+    """vLLM with its own n-gram speculation: one step of 0.5 s brings one
+    token or nine.  The stream's pace is time over tokens, not the mean of
+    each chunk's seconds per token."""
+    costs = ServerCosts()
+    for _ in range(40):
+        costs.observe_step(1, 0.5, 1)
+        costs.observe_step(1, 0.5, 9)
+    assert abs(costs.step_seconds(1) - 1.0 / 10) < 0.03  # 1 s per 10 tokens; per chunk it read 0.28

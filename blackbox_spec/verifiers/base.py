@@ -13,7 +13,7 @@ from .._tokens import OPAQUE, Unit
 class Plan:
     """How to verify one round; chosen by the policy from measurements."""
 
-    strategy: str  # "echo" | "fanout" | "plain"
+    strategy: str  # "echo" | "fanout" | "branches" | "plain"
     draft_chars: int = 0
     extra_tokens: int = 1  # echo: tokens to generate after the draft
     width: int = 1  # fanout: parallel requests

@@ -122,7 +122,7 @@ class Streams:
     its connection; vLLM and llama.cpp then abort the request.
     """
 
-    def __init__(self, api: TargetAPI, on_step: Callable[[int, float], None] | None = None) -> None:
+    def __init__(self, api: TargetAPI, on_step: Callable[[int, float, int], None] | None = None) -> None:
         self.api = api
         self.on_step = on_step
         self.queue: asyncio.Queue[tuple[Branch, Any]] = asyncio.Queue()
@@ -155,7 +155,7 @@ class Streams:
                         # Only intervals the same width held throughout.
                         width = self.width
                         if last is not None and width == last_width and self.on_step is not None:
-                            self.on_step(width, (now - last) / len(item.tokens))
+                            self.on_step(width, now - last, len(item.tokens))
                         last, last_width = now, width
                     self.queue.put_nowait((branch, item))
             except asyncio.CancelledError:
