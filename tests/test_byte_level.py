@@ -221,6 +221,11 @@ def test_text_that_does_not_tokenize_as_written_is_never_sent_back(tokenizer, no
     from such text leaves the plain call's path, so none is made: the text is
     the plain call's, and the stats say why."""
     fake = target("vllm", "earliest-end", COPYING)
+    # Paced like a server (10 ms a token): with an instant fake, whether a
+    # group of branches is worth opening (and so whether the text is ever
+    # checked) hung on the client's own CPU time, and a loaded CI machine
+    # once found none worth it.
+    fake.decode_s = 0.01
 
     async def run():
         with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
