@@ -87,7 +87,6 @@ TUNING = Tuning()
 # Names older code and tests import.
 FANOUT_TOKENS = TUNING.fanout_tokens
 HUNCH_STREAK = TUNING.hunch_streak
-SEGMENT_TOKENS = TUNING.segment_tokens
 
 
 @dataclass
