@@ -124,6 +124,14 @@ def resolve_settings(base_url: str | None, api_key: str | None) -> tuple[str, st
     return url.rstrip("/"), key
 
 
+
+def _token_list(data: dict[str, Any] | None) -> list[int] | None:
+    """``/tokenize``'s token ids, or None where the answer holds none."""
+    tokens = data.get("tokens") if data else None
+    if isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens):
+        return tokens
+    return None
+
 class TargetAPI:
     """A thin async client for the completions endpoint."""
 
@@ -162,6 +170,7 @@ class TargetAPI:
         self.in_flight = 0
         self.peak_in_flight = 0
         self._tokenizes: str | bool | None = None  # how /tokenize is asked ("vllm", "llama"), False: it isn't there
+        self._learning_tokenize = asyncio.Lock()
         # Seen to list fewer tokens than it generated (llama.cpp leaves out
         # the pieces of split characters): unit counts are then lower bounds.
         self.omits_pieces = False
@@ -280,19 +289,38 @@ class TargetAPI:
         ``/tokenize``), without special tokens; None where it has none."""
         if not text:
             return []
-        shapes = {
-            "vllm": {"model": self.model, "prompt": text, "add_special_tokens": False},
-            "llama": {"content": text, "add_special": False},
-        }
-        for shape in [self._tokenizes] if self._tokenizes else list(shapes) if self._tokenizes is None else []:
-            data = await self._root_post("/tokenize", shapes[shape])
-            tokens = data.get("tokens") if data else None
-            # (llama.cpp answers vLLM's shape too: with no tokens, for no "content".)
-            if isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens):
+        if self._tokenizes is None:
+            async with self._learning_tokenize:  # callers at once learn the shape once
+                if self._tokenizes is None:
+                    return await self._learn_tokenize(text)
+        if not self._tokenizes:
+            return None
+        return _token_list(await self._root_post("/tokenize", self._tokenize_body(str(self._tokenizes), text)))
+
+    async def learn_tokenize(self) -> None:
+        """Learn now how this server tokenizes, if that is not known yet: a
+        speculative generation starts it beside its first request, so the
+        first text it sends back (checked by ``_canon``) does not wait for it."""
+        if self._tokenizes is None:
+            await self.tokenize("Hello")
+
+    def _tokenize_body(self, shape: str, text: str) -> dict[str, Any]:
+        if shape == "vllm":
+            return {"model": self.model, "prompt": text, "add_special_tokens": False}
+        return {"content": text, "add_special": False}
+
+    async def _learn_tokenize(self, text: str) -> list[int] | None:
+        """Ask in both request shapes at once (one round trip where the
+        server has neither, as hosted APIs have not); the first that answers
+        with tokens is how this server is asked from now on.  (llama.cpp
+        answers vLLM's shape too: with no tokens, for no "content".)"""
+        answers = await asyncio.gather(*(self._root_post("/tokenize", self._tokenize_body(shape, text)) for shape in ("vllm", "llama")))
+        for shape, data in zip(("vllm", "llama"), answers):
+            tokens = _token_list(data)
+            if tokens:
                 self._tokenizes = shape
                 return tokens
-        if self._tokenizes is None:
-            self._tokenizes = False
+        self._tokenizes = False
         return None
 
     async def context_tokens(self, prompt: str, text: str) -> list[int] | None:

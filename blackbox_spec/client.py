@@ -265,7 +265,13 @@ class SpecClient:
                 self.costs = ServerCosts.from_dict(stored.costs, LOADED_WEIGHT)
         except (TypeError, KeyError, ValueError):  # a profile from other code: start afresh
             self.capabilities = self.costs = None
+        try:
+            if stored.chat_costs and self.chat_costs is None:
+                self.chat_costs = ServerCosts.from_dict(stored.chat_costs, LOADED_WEIGHT)
+        except (TypeError, KeyError, ValueError, AttributeError):
+            self.chat_costs = None
         self.profiles.loaded = self.capabilities is not None
+        self.profiles.chat_loaded = self.chat_costs is not None
 
     def _keep_profile(self, *, force: bool = True) -> None:
         """Write what this client knows now into its profile (not the key);
@@ -273,18 +279,36 @@ class SpecClient:
         profile = self.profiles.profile
         if profile is None or self.profiles.mode == "off":
             return
+        measured = False
         if self.capabilities is not None and self.costs is not None:
             profile.capabilities, profile.costs = asdict(self.capabilities), self.costs.to_dict()
+            measured = True
+        if self.chat_costs is not None:
+            profile.chat_costs = self.chat_costs.to_dict()
+            if not profile.probed_at:  # (a chat-only profile ages from its first measurement)
+                profile.probed_at = time.time()
+            measured = True
+        if measured:
             self.profiles.save(force=force)
 
     async def probe_chat(self) -> ChatSupport:
-        """Learn once how the chat endpoint can be verified (see :mod:`.chat`)."""
+        """Learn once how the chat endpoint can be verified (see :mod:`.chat`).
+        (Never kept in the profile: exactness rests on it.)"""
         await self.ensure_model()
         async with self._probing:
             if self.chat_support is None:
+                self._open_profile()
                 self.chat_support = await probe_chat(self.api)
-                self.chat_costs = ServerCosts(self.chat_support.round_trip_s)
+                if self.chat_costs is None:
+                    self.chat_costs = ServerCosts(self.chat_support.round_trip_s)
         return self.chat_support
+
+    async def _chat_profiled(self) -> bool:
+        """A stored profile holds this server's chat costs (an earlier process
+        speculated on its chat endpoint)."""
+        await self.ensure_model()
+        self._open_profile()
+        return self.profiles.chat_loaded
 
     async def learn_stop_rule(self, *, chat: bool = False) -> str:
         """The server's stop rule (``_stopping.RULES``), learned once (two
@@ -549,6 +573,14 @@ class SpecClient:
                       "continued), so it is sent as it is and decoded plainly; continue_final=True continues it with speculation")
         elif self._new_drafter is None or self.strategy == "plain":
             reason = "plain decoding was asked for"
+        elif self.chat_support is None and self.strategy == "auto" and turn.prompt == turn.head and await self._chat_profiled():
+            # The turn's first request continues nothing, so it needs no probe:
+            # the probe runs beside it, and nothing that continues the message
+            # is planned before it answers.  A fresh process against a hosted
+            # API would otherwise spend ~3 round trips before its first token.
+            # (Only where an earlier process speculated on this chat endpoint:
+            # the first request asks for logprobs, which the probe is for.)
+            turn.pending = asyncio.ensure_future(self.probe_chat())
         else:
             turn.support = await self.probe_chat()
             unsupported = turn.support.reason
@@ -556,32 +588,60 @@ class SpecClient:
         if self.strategy not in ("auto", "plain") and turn.support is not None and not turn.support.speculative:
             raise ConfigurationError(f"strategy {self.strategy!r} is not available on {self.api.base_url}'s chat endpoint: {turn.support.reason}")
         if reason is None:
-            available = (["echo"] if turn.support.prompt_logprobs else []) + ["fanout", "branches"]  # type: ignore[union-attr]
+            # (While the probe runs, nothing that continues the message: the
+            # probe's answer allows it, ``_chat_probed``.)
+            echo = turn.support is not None and turn.support.prompt_logprobs
+            available = [] if turn.pending is not None else (["echo"] if echo else []) + ["fanout", "branches"]
             forced = None if self.strategy == "auto" else self.strategy
             if forced and forced not in available:
                 raise ConfigurationError(f"strategy {forced!r} is not available on {self.api.base_url}'s chat endpoint (no prompt_logprobs); use --strategy auto")
             await self._use_stop_rule(out, stats, chat=True)
-            source = self._speculate(turn, available, self.chat_costs, forced, out, stats)
+            self._open_profile()
+            if self.chat_costs is None:
+                self.chat_costs = ServerCosts()
+            source = self._speculate(turn, available, self.chat_costs, forced, out, stats, probing=turn.pending)
         else:
             stats.note(reason)
             if unsupported:
                 stats.fallback = "plain chat"
             source = decode_plainly(turn, out, stats)
         try:
-            async with aclosing(source) as pieces:
-                async for piece in pieces:
-                    yield piece
+            try:
+                async with aclosing(source) as pieces:
+                    async for piece in pieces:
+                        yield piece
+            except TargetHTTPError as exc:
+                # A first request refused before any text, with the probe still
+                # out: the stored profile is stale (logprobs no longer offered?).
+                if turn.pending is None or out.text or out.tokens or exc.status_code not in _REFUSALS:
+                    raise
+                support = await turn.pending
+                stats.note(f"the chat endpoint refused the first request ({exc}); {support.reason or 'retrying'}: decoding the chat turn plainly")
+                stats.fallback = "plain chat"
+                async with aclosing(decode_plainly(turn, out, stats)) as pieces:
+                    async for piece in pieces:
+                        yield piece
         finally:
+            if turn.pending is not None and not turn.pending.done():
+                turn.pending.cancel()  # the turn ended first; the next one probes again
             stats.observe_predictions(turn.usage_seen)
 
-    async def _speculate(self, target, available: list[str], costs, forced: str | None, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
-        """Speculative decoding against ``target`` (the completions API or a chat turn)."""
-        stats.server_profile = "stored" if self.profiles.loaded else "probed"
+    async def _speculate(
+        self, target, available: list[str], costs, forced: str | None, out: Output, stats: GenerationStats,
+        probing: asyncio.Future[ChatSupport] | None = None,
+    ) -> AsyncIterator[str]:
+        """Speculative decoding against ``target`` (the completions API or a
+        chat turn; ``probing``: the chat probe still running beside it)."""
+        loaded = self.profiles.chat_loaded if target is not self.api else self.profiles.loaded
+        stats.server_profile = "stored" if loaded else "probed"
         await self.load_drafter()
         drafter = self._new_drafter()
         policy = Policy(available, costs, forced=forced, fanout_width=self.fanout_width, max_draft_chars=self.max_draft_chars)
+        if probing is not None:
+            probing.add_done_callback(lambda task: _chat_probed(task, policy, stats))
         policy.context_tokens = len(out.prompt) / policy.chars_per_token
         verifiers = {"echo": EchoVerifier(target), "fanout": FanoutVerifier(target)}
+        learning = asyncio.ensure_future(self.api.learn_tokenize())
         try:
             async with aclosing(speculate(target, drafter, policy, verifiers, out, stats)) as pieces:
                 async for piece in pieces:
@@ -590,6 +650,7 @@ class SpecClient:
             if 1 in costs.step or costs.stream.observed:
                 stats.plain_estimate_s = costs.single_seconds(stats.output_tokens)
         finally:
+            learning.cancel()
             policy.remember()
             if self.profiles.profile is not None:
                 self.profiles.profile.generations += 1
@@ -597,6 +658,24 @@ class SpecClient:
             finish = getattr(drafter, "finish", None)
             if finish is not None:
                 finish()  # the suffix drafter remembers this output for the session
+
+
+def _chat_probed(task: asyncio.Future[ChatSupport], policy: Policy, stats: GenerationStats) -> None:
+    """The chat probe that ran beside a turn's first request has answered:
+    what it found decides what the rest of the turn may use."""
+    if task.cancelled():
+        return
+    error = task.exception()
+    support = None if error is not None else task.result()
+    if support is None or not support.speculative:
+        policy.stop_speculating()
+        why = support.reason if support is not None else f"the chat probe failed ({error})"
+        stats.note(f"{why}: decoding the chat turn plainly")
+        stats.fallback = "plain chat"
+    else:
+        policy.allow("branches")
+        if support.prompt_logprobs:
+            policy.allow("echo")
 
 
 def _check_arguments(prompt: object, max_tokens: object, stop: object) -> list[str] | None:

@@ -567,6 +567,12 @@ class Policy:
         if self.forced == strategy:
             self.forced = None
 
+    def allow(self, strategy: str) -> None:
+        """A strategy found available after planning began (a chat probe
+        that answered beside the first request)."""
+        if strategy in SPECULATIVE and strategy not in self.strategies and (strategy != "fanout" or self.forced == "fanout"):
+            self.strategies.append(strategy)
+
     def stop_speculating(self) -> None:
         """Verification keeps failing: plan plain streaming from now on."""
         self.strategies.clear()

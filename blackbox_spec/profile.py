@@ -83,6 +83,7 @@ class ServerProfile:
     model: str
     capabilities: dict[str, Any] | None = None  # ``Capabilities``
     costs: dict[str, Any] | None = None  # ``ServerCosts.to_dict``
+    chat_costs: dict[str, Any] | None = None  # the same, for ``/chat/completions`` (its own calls and template)
     generations: int = 0
     probed_at: float = 0.0  # when the client's probe last measured it
     saved_at: float = 0.0
@@ -133,6 +134,7 @@ class ProfileStore:
     mode: str = "auto"
     profile: ServerProfile | None = None
     loaded: bool = False  # a stored profile was found and used
+    chat_loaded: bool = False  # ... and its chat costs
     _checked: set[str] = field(default_factory=set)
     _last_save: float | None = None  # (monotonic) when this process last wrote it
 

@@ -154,3 +154,27 @@ def test_acceptance_by_position_from_traces():
     rates = acceptance_by_position(report, "ngram/auto", positions=5, chars_per_token=3.5)
     # drafts of 2, 4 and 2 tokens: position 1 reached 3x, accepted 2x; position 3 reached once, accepted once
     assert rates == [2 / 3, 2 / 3, 1.0, 1.0, None]
+
+
+def test_bench_on_the_chat_only_hosted_simulation_sends_chat_turns(tmp_path):
+    """``--sim hosted`` serves chat only, so the bench sends each prompt as
+    messages, plain and speculative alike; the texts still match."""
+    out = tmp_path / "results"
+    run = bspec("bench", "--sim", "hosted", "--prompt", "rename-js", "--repeats", "1", "--max-tokens", "40", "--no-plots", "--out", str(out))
+    assert run.returncode == 0, run.stderr.decode()
+    report = json.loads((out / "bench.json").read_text())
+    assert report["server"]["chat"] is True and report["server"]["capabilities"]["prefill"]
+    (row,) = report["rows"]
+    assert row["identical"] and row["tokens"] == 40
+
+
+def test_bench_chat_refuses_raw_text_prompts_with_one_line(url):
+    import asyncio
+
+    from blackbox_spec import PromptError
+    from blackbox_spec.bench.runner import Config, run_bench
+    from blackbox_spec.bench.workloads import Prompt
+
+    raw = Prompt("raw", "free-form", "Once upon a time", 20)
+    with pytest.raises(PromptError, match="raw text: raw"):
+        asyncio.run(run_bench(base_url=url, model="fake-model", api_key=None, prompts=[raw], configs=[Config("ngram", "auto")], chat=True))

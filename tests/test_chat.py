@@ -16,7 +16,7 @@ from blackbox_spec import ConfigurationError, PromptError
 from blackbox_spec.chat import ChatTurn, content_start, conversation_text, prompt_positions
 from blackbox_spec.testing import FakeTarget
 
-from .conftest import BASE_URL, PROMPTS, chat_of, client_for, over_http
+from .conftest import BASE_URL, PROMPTS, chat_of, client_for, mount, over_http
 
 
 def plain_chat(fake: FakeTarget, messages: list[dict], max_tokens: int, stop: list[str] | None = None) -> tuple[str, str]:
@@ -167,6 +167,31 @@ async def test_no_logprobs_on_chat_means_plain_chat(fake):
             result = await client.chat(messages, max_tokens=30)
             assert "no logprobs" in client.chat_support.reason
     assert result.text == plain_chat(served, messages, 30)[0] and result.stats.fallback == "plain chat"
+
+
+async def test_a_stale_chat_profile_costs_one_refused_call_not_the_answer(fake):
+    """An earlier process speculated on this chat endpoint and stored its
+    costs, so the probe runs beside the first request; the server no longer
+    gives logprobs and refuses that request: the turn is decoded plainly."""
+    messages = chat_of(PROMPTS["prose"])
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        mount(fake, router)
+        async with client_for() as client:
+            await client.chat(messages, max_tokens=30)
+    served = fake
+
+    def refuse_logprobs(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content).get("logprobs"):
+            return httpx.Response(400, json={"error": {"message": "logprobs are not supported"}})
+        return served.handle(request)
+
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        router.post("/chat/completions").mock(side_effect=refuse_logprobs)
+        async with client_for() as client:
+            result = await client.chat(messages, max_tokens=30)
+    assert result.stats.server_profile == "stored"
+    assert result.text == plain_chat(served, messages, 30)[0] and result.stats.fallback == "plain chat"
+    assert any("refused the first request" in n for n in result.stats.notes)
 
 
 async def test_the_chat_probe_runs_once_per_client(served):

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from blackbox_spec import SpecClient
+from blackbox_spec._exceptions import TargetHTTPError
 from blackbox_spec.bench.workloads import PROMPTS as BENCH_PROMPTS
 from blackbox_spec.testing.sim import OFF_PATH, PRESETS, Recording, Replay, SimulatedTarget, _PrefixCache, load_recordings
 
@@ -105,7 +106,10 @@ async def test_speculation_is_exact_on_every_simulated_server(preset, name, caps
     for label, drafter in (("plain", None), ("spec", "ngram")):
         async with client(sim, drafter=drafter) as c:
             started = time.perf_counter()
-            result = await c.generate(prompt.text, max_tokens=prompt.max_tokens)
+            if sim.completions:
+                result = await c.generate(prompt.text, max_tokens=prompt.max_tokens)
+            else:  # a hosted API that serves chat only
+                result = await c.chat(prompt.messages, max_tokens=prompt.max_tokens)
             timings[label] = time.perf_counter() - started
         assert result.text.encode() == b"".join(RECORDINGS[name].tokens)
         await asyncio.sleep(0.05)  # (closed branches' cancellations land)
@@ -116,6 +120,49 @@ async def test_speculation_is_exact_on_every_simulated_server(preset, name, caps
             assert result.stats.jumps == 0
     with capsys.disabled():
         print(f"\n  [{preset} {name}: fresh client {timings['plain'] / timings['spec']:.2f}x]", end="")
+
+
+async def test_the_hosted_preset_serves_chat_only_with_the_recordings_chat_template():
+    sim = SimulatedTarget.preset("hosted", replay=True, rtt_s=0.0, decode_s=0.0)
+    prompt = bench_prompt("rename-js")
+    async with client(sim, drafter=None) as c:
+        with pytest.raises(TargetHTTPError) as refused:
+            await c.generate(prompt.text, max_tokens=5)
+        assert refused.value.status_code == 404
+        result = await c.chat(prompt.messages, max_tokens=prompt.max_tokens)
+    # The chat template renders the messages as the recorded ChatML prompt.
+    assert sim.requests[-1]["_rendered"] == prompt.text
+    assert result.text.encode() == b"".join(RECORDINGS["rename-js"].tokens)
+
+
+async def test_with_a_stored_chat_profile_the_probe_runs_beside_the_first_request():
+    """A fresh process that finds this chat endpoint in its profile starts the
+    user's stream at once; the chat probe runs beside it, and side branches
+    (which continue the message) come only after the probe answered."""
+    costs = PRESETS["hosted"]
+    sim = SimulatedTarget.preset("hosted", replay=True, decode_s=costs.decode_s / 5, rtt_s=costs.rtt_s / 5)
+    prompt = bench_prompt("rename-js")
+    expected = b"".join(RECORDINGS["rename-js"].tokens).decode()
+
+    def probe_like(r: dict) -> bool:
+        return "Count from 1 to 40" in str(r["messages"][-2:])
+
+    results = []
+    for _ in range(2):
+        first = len(sim.requests)
+        async with client(sim) as c:
+            results.append(await c.chat(prompt.messages, max_tokens=prompt.max_tokens))
+        requests = sim.requests[first:]
+        kinds = ["probe" if probe_like(r) else "branch" if r["messages"][-1]["role"] == "assistant" else "main" for r in requests]
+        if len(results) == 1:
+            assert kinds[0] == "probe" and kinds.index("main") > kinds.index("probe"), kinds  # no profile yet: probe first
+            assert results[0].stats.server_profile == "probed"
+        else:
+            assert kinds.index("main") <= 1, kinds  # the user's stream at once, the probe beside it
+            last_probe = max(i for i, k in enumerate(kinds) if k == "probe")
+            assert "branch" in kinds and kinds.index("branch") > last_probe, kinds
+            assert results[1].stats.server_profile == "stored"
+    assert [r.text for r in results] == [expected, expected]
 
 
 async def test_the_server_queue_is_noticed_when_the_batch_probe_missed_it():

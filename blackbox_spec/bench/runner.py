@@ -20,7 +20,8 @@ import httpx
 from .._stats import GenerationResult
 from ..client import SpecClient
 from ..drafters import SessionIndex
-from .divergence import Divergence, explain
+from .._exceptions import PromptError
+from .divergence import Divergence, explain, first_difference
 from .workloads import Prompt
 
 
@@ -147,12 +148,23 @@ async def run_bench(
     transport: httpx.AsyncBaseTransport | None = None,
     fresh_client: bool = False,
     profile: str = "auto",
+    chat: bool = False,
 ) -> Report:
     """``fresh_client``: every speculative run gets a new client, which knows
     nothing of the server but what it can load (as a new ``bspec run``
-    process); otherwise one client per configuration serves every run."""
+    process); otherwise one client per configuration serves every run.
+    ``chat``: every prompt goes as chat messages to ``/chat/completions``
+    (a hosted API that serves chat only), plain and speculative alike."""
+    if chat:
+        raw = [p.name for p in prompts if p.messages is None]
+        prompts = [p for p in prompts if p.messages is not None]
+        if not prompts:
+            raise PromptError(f"--chat needs prompts written as chat turns; these are raw text: {', '.join(raw)}")
+        if raw and progress:
+            progress(f"skipped (raw text, no chat form): {', '.join(raw)}")
     report = Report(server or {"base_url": base_url}, [c.label for c in configs], repeats)
     report.server["fresh_client"] = fresh_client
+    report.server["chat"] = chat
     report.server["profile"] = profile
     plain_client = SpecClient(base_url, api_key, model, drafter=None, timeout=timeout, transport=transport)
     model_options = {"draft_model": draft_model, "draft_device": draft_device}
@@ -172,7 +184,11 @@ async def run_bench(
             client.api.model = plain_client.model
         for client in spec_clients.values():
             await client.load_drafter()  # loading a draft model is not part of any timed run
-        report.server["capabilities"] = asdict(await next(iter(spec_clients.values()), plain_client).probe()) if spec_clients else {}
+        if spec_clients:
+            first = next(iter(spec_clients.values()))
+            report.server["capabilities"] = asdict(await (first.probe_chat() if chat else first.probe()))
+        else:
+            report.server["capabilities"] = {}
         total = len(prompts) * repeats * (1 + len(configs))
         done = 0
         for prompt in prompts:
@@ -195,7 +211,10 @@ async def run_bench(
                     if label != "plain":
                         client.session_index = memories.setdefault((f"{label}/{prompt.session or prompt.name}", repeat), SessionIndex())
                     started = time.perf_counter()
-                    result: GenerationResult = await client.generate(prompt.text, max_tokens=budget)
+                    if chat:
+                        result: GenerationResult = await client.chat(prompt.messages, max_tokens=budget)  # type: ignore[arg-type]
+                    else:
+                        result = await client.generate(prompt.text, max_tokens=budget)
                     wall = time.perf_counter() - started
                     texts[label] = result.text
                     if not cells[label].text:
@@ -210,7 +229,12 @@ async def run_bench(
                 for label, text in texts.items():
                     if label == "plain":
                         continue
-                    divergence: Divergence | None = await explain(plain_client.api, prompt.text, texts["plain"], text)
+                    divergence: Divergence | None
+                    if chat:  # no completions endpoint to ask about the position: any difference is a mismatch
+                        at = first_difference(texts["plain"], text)
+                        divergence = None if at is None else Divergence(at, texts["plain"][at : at + 20], text[at : at + 20], None, [])
+                    else:
+                        divergence = await explain(plain_client.api, prompt.text, texts["plain"], text)
                     if divergence is not None:
                         cells[label].divergences.append(divergence.describe())
                         if not divergence.near_tie:

