@@ -57,10 +57,24 @@ class ChatSupport:
     reason: str | None = None
     # The answer to a prefill starts with the prefilled text (llama-server).
     repeats_prefill: bool = False
+    # The continuation the probe saw work (kept in the profile: the next
+    # process checks it again in one round, see ``probe_chat``).
+    check: "ContinueCheck | None" = None
 
     @property
     def speculative(self) -> bool:
         return self.reason is None
+
+
+@dataclass(frozen=True)
+class ContinueCheck:
+    """The probe's plain answer, cut in two: asked to continue ``partial``,
+    a server that continues a message exactly answers ``rest`` (in
+    ``rest_tokens`` tokens)."""
+
+    partial: str
+    rest: str
+    rest_tokens: int
 
 
 def conversation_text(messages: list[dict[str, Any]]) -> str:
@@ -245,10 +259,19 @@ def _prompt_units(c: Completion, content: str, offset: int) -> list[Unit] | None
 # -- the probe -----------------------------------------------------------------------
 
 
-async def probe_chat(api: TargetAPI) -> ChatSupport:
+async def probe_chat(api: TargetAPI, known: ContinueCheck | None = None) -> ChatSupport:
     """Learn how this server's chat endpoint can be verified: a plain call,
     then 6 small calls at once (twice that where the continue fields are
-    refused or ignored)."""
+    refused or ignored).  With ``known`` (what an earlier process's probe
+    saw, from the profile) the plain call is skipped: the continuation is
+    checked against it in one round, and only where that fails does the
+    full probe run.  (A stale ``known`` can only fail: a server that
+    continues ``partial`` into ``rest`` continues a message, whatever its
+    own plain answer is today.)"""
+    if known is not None:
+        support = await _check_continuing(api, known, None)
+        if support.speculative:
+            return support
     try:
         plain = await api.chat(_PROBE_MESSAGES, max_tokens=16, logprobs=True)
         logprobs = bool(plain.units)
@@ -264,13 +287,21 @@ async def probe_chat(api: TargetAPI) -> ChatSupport:
     if len(units) < 4:
         return ChatSupport(True, None, False, round_trip, f"the probe's answer was too short to test continuing it ({len(units)} tokens)")
     middle = len(units) // 2
-    partial, rest = plain.text[: units[middle].start], plain.text[units[middle].start :]
+    check = ContinueCheck(plain.text[: units[middle].start], plain.text[units[middle].start :], count_tokens(units[middle:]))
+    return await _check_continuing(api, check, round_trip)
+
+
+async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: float | None) -> ChatSupport:
+    """Does the server continue ``check.partial`` into ``check.rest``, under
+    which fields, and may its template and prompt logprobs be trusted?
+    (``round_trip``: None takes the continuation's own time.)"""
+    partial, rest = check.partial, check.rest
     prefilled = _PROBE_MESSAGES + [{"role": "assistant", "content": partial}]
 
-    async def continued(fields: dict[str, Any]) -> str | None:
+    async def continued(fields: dict[str, Any]) -> Completion | None:
         """The answer to the prefilled message under ``fields``; None: refused."""
         try:
-            return (await api.chat(prefilled, max_tokens=count_tokens(units[middle:]), extra=fields)).text
+            return await api.chat(prefilled, max_tokens=check.rest_tokens, extra=fields)
         except TargetHTTPError as exc:
             if exc.status_code not in _REFUSALS:
                 raise
@@ -300,17 +331,17 @@ async def probe_chat(api: TargetAPI) -> ChatSupport:
     for fields in (CONTINUE_FIELDS, {}):
         checks = asyncio.gather(trims(fields), prompt_logprobs(fields))
         try:
-            text = await continued(fields)
+            answer = await continued(fields)
         except BaseException:
             checks.cancel()
             await asyncio.gather(checks, return_exceptions=True)
             raise
-        if text is None or text not in (rest, partial + rest):
+        if answer is None or answer.text not in (rest, partial + rest):
             checks.cancel()
             await asyncio.gather(checks, return_exceptions=True)
-            answered = text if text is not None else answered
+            answered = answer.text if answer is not None else answered
             continue
-        prefill, repeats = dict(fields), text != rest
+        prefill, repeats = dict(fields), answer.text != rest
         trimmed, echoes = await checks
         if trimmed is None:
             reason: str | None = "the server reports no usage, so whether its chat template keeps whitespace can't be checked"
@@ -318,6 +349,7 @@ async def probe_chat(api: TargetAPI) -> ChatSupport:
             reason = "the chat template strips trailing whitespace from a prefilled assistant message, so a partial message can't be continued exactly"
         else:
             reason = None
-        return ChatSupport(True, prefill, echoes and reason is None, round_trip, reason, repeats_prefill=repeats)
-    return ChatSupport(True, None, False, round_trip,
+        seconds = answer.elapsed if round_trip is None else round_trip
+        return ChatSupport(True, prefill, echoes and reason is None, seconds, reason, repeats_prefill=repeats, check=check if reason is None else None)
+    return ChatSupport(True, None, False, round_trip or 0.0,
                        f"the server does not continue a partial assistant message (asked to continue {partial!r}, it answered {answered[:40]!r})")

@@ -25,7 +25,7 @@ from ._stats import GenerationResult, GenerationStats
 from ._retry import RetryPolicy
 from ._stopping import DEFAULT_RULE, RULES, single_stop_rule
 from ._target import StreamPiece, TargetAPI, resolve_settings
-from .chat import ChatSupport, ChatTurn, check_messages, probe_chat
+from .chat import ChatSupport, ChatTurn, ContinueCheck, check_messages, probe_chat
 from .drafters import Drafter, DrafterFactory, SessionIndex, drafter_factory
 from .orchestrator import Output, decode_plainly, speculate
 from .policy import Policy, ServerCosts
@@ -298,10 +298,22 @@ class SpecClient:
         async with self._probing:
             if self.chat_support is None:
                 self._open_profile()
-                self.chat_support = await probe_chat(self.api)
+                self.chat_support = await probe_chat(self.api, self._stored_check())
+                profile = self.profiles.profile
+                if profile is not None and self.chat_support.check is not None:
+                    profile.chat_check = asdict(self.chat_support.check)
                 if self.chat_costs is None:
                     self.chat_costs = ServerCosts(self.chat_support.round_trip_s)
         return self.chat_support
+
+    def _stored_check(self) -> ContinueCheck | None:
+        """The chat probe's continuation from the profile, if one is kept."""
+        profile = self.profiles.profile
+        stored = profile.chat_check if profile is not None and self.profiles.chat_loaded else None
+        try:
+            return ContinueCheck(**stored) if isinstance(stored, dict) else None
+        except TypeError:  # another version's: the full probe runs
+            return None
 
     async def _chat_profiled(self) -> bool:
         """A stored profile holds this server's chat costs (an earlier process

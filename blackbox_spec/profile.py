@@ -84,6 +84,10 @@ class ServerProfile:
     capabilities: dict[str, Any] | None = None  # ``Capabilities``
     costs: dict[str, Any] | None = None  # ``ServerCosts.to_dict``
     chat_costs: dict[str, Any] | None = None  # the same, for ``/chat/completions`` (its own calls and template)
+    # A continuation the chat probe saw work (``chat.ContinueCheck``): the
+    # next process checks it again in one round instead of two.  Checked,
+    # never trusted: exactness rests on the check, not on this.
+    chat_check: dict[str, Any] | None = None
     generations: int = 0
     probed_at: float = 0.0  # when the client's probe last measured it
     saved_at: float = 0.0

@@ -194,6 +194,39 @@ async def test_a_stale_chat_profile_costs_one_refused_call_not_the_answer(fake):
     assert any("refused the first request" in n for n in result.stats.notes)
 
 
+async def test_a_stored_chat_check_is_checked_again_and_never_trusted(fake):
+    """The profile keeps the continuation the probe saw work; the next
+    process checks it again in one round (no plain probe call).  When the
+    server at that URL has changed (it now starts a new turn, as OpenAI's
+    API does) the check fails, the full probe runs, and the text is still
+    the plain call's."""
+    messages = chat_of(PROMPTS["code"])
+
+    def plain_probes(target: FakeTarget, since: int) -> int:
+        return sum(1 for r in target.requests[since:] if "Count from 1 to 40" in json.dumps(r.get("messages")) and r.get("max_tokens") == 16)
+
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        mount(fake, router)
+        async with client_for() as client:
+            await client.chat(messages, max_tokens=30)
+        assert plain_probes(fake, 0) == 1
+        before = len(fake.requests)
+        async with client_for() as client:
+            again = await client.chat(messages, max_tokens=30)
+            assert client.chat_support.speculative
+        assert plain_probes(fake, before) == 0
+    assert again.text == plain_chat(fake, messages, 30)[0]
+
+    changed = FakeTarget(chat_prefill="none")
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        mount(changed, router)
+        async with client_for() as client:
+            result = await client.chat(messages, max_tokens=30)
+            assert not client.chat_support.speculative and "does not continue" in client.chat_support.reason
+    assert plain_probes(changed, 0) == 1
+    assert result.text == plain_chat(changed, messages, 30)[0] and result.stats.fallback == "plain chat"
+
+
 async def test_the_chat_probe_runs_once_per_client(served):
     messages = chat_of(PROMPTS["code"])
     async with client_for() as client:
