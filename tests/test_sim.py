@@ -227,3 +227,37 @@ def test_a_second_bspec_run_starts_from_the_profile_the_first_saved(sim_over_htt
     for out in outputs:
         assert out["text"].encode() == b"".join(RECORDINGS["rename-js"].tokens)
     assert sum(1 for r in sim.requests if r.get("prompt") == "Hello") == 2 + 8  # the first run's probe only
+
+
+def test_bspec_run_on_a_chat_only_server_says_to_use_chat(tmp_path):
+    """A completions prompt to a server that serves chat only: one line that
+    says what to do, and the same prompt with --chat works."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "blackbox_spec.testing.sim", "--preset", "hosted", "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert b"simulated hosted server" in server.stdout.readline()
+        prompt = tmp_path / "prompt.txt"
+        prompt.write_text(bench_prompt("story").messages[-1]["content"])
+        url = f"http://127.0.0.1:{port}/v1"
+        for _ in range(50):  # uvicorn binds just after the line above
+            try:
+                httpx.get(url + "/models", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        base = [sys.executable, "-m", "blackbox_spec.cli", "run", str(prompt), "--base-url", url, "--max-tokens", "8"]
+        refused = subprocess.run(base, capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr
+        assert "serve chat only" in refused.stderr and "--chat" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+        chatted = subprocess.run(base + ["--chat"], capture_output=True, text=True, timeout=60)
+        assert chatted.returncode == 0, chatted.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
