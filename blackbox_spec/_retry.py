@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from ._exceptions import TargetConnectionError, TargetHTTPError
 

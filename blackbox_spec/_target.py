@@ -124,13 +124,13 @@ def resolve_settings(base_url: str | None, api_key: str | None) -> tuple[str, st
     return url.rstrip("/"), key
 
 
-
 def _token_list(data: dict[str, Any] | None) -> list[int] | None:
     """``/tokenize``'s token ids, or None where the answer holds none."""
     tokens = data.get("tokens") if data else None
     if isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens):
         return tokens
     return None
+
 
 class TargetAPI:
     """A thin async client for the completions endpoint."""

@@ -330,26 +330,26 @@ async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: fl
     answered = ""
     for fields in (CONTINUE_FIELDS, {}):
         checks = asyncio.gather(trims(fields), prompt_logprobs(fields))
+        answer = None
         try:
             answer = await continued(fields)
-        except BaseException:
-            checks.cancel()
+            if answer is not None and answer.text in (rest, partial + rest):
+                trimmed, echoes = await checks
+                break
+        finally:
+            if not checks.done():  # not needed (or the continuation failed): no stray calls left behind
+                checks.cancel()
             await asyncio.gather(checks, return_exceptions=True)
-            raise
-        if answer is None or answer.text not in (rest, partial + rest):
-            checks.cancel()
-            await asyncio.gather(checks, return_exceptions=True)
-            answered = answer.text if answer is not None else answered
-            continue
-        prefill, repeats = dict(fields), answer.text != rest
-        trimmed, echoes = await checks
-        if trimmed is None:
-            reason: str | None = "the server reports no usage, so whether its chat template keeps whitespace can't be checked"
-        elif trimmed:
-            reason = "the chat template strips trailing whitespace from a prefilled assistant message, so a partial message can't be continued exactly"
-        else:
-            reason = None
-        seconds = answer.elapsed if round_trip is None else round_trip
-        return ChatSupport(True, prefill, echoes and reason is None, seconds, reason, repeats_prefill=repeats, check=check if reason is None else None)
-    return ChatSupport(True, None, False, round_trip or 0.0,
-                       f"the server does not continue a partial assistant message (asked to continue {partial!r}, it answered {answered[:40]!r})")
+        answered = answer.text if answer is not None else answered
+    else:
+        return ChatSupport(True, None, False, round_trip or 0.0,
+                           f"the server does not continue a partial assistant message (asked to continue {partial!r}, it answered {answered[:40]!r})")
+    prefill, repeats = dict(fields), answer.text != rest
+    if trimmed is None:
+        reason: str | None = "the server reports no usage, so whether its chat template keeps whitespace can't be checked"
+    elif trimmed:
+        reason = "the chat template strips trailing whitespace from a prefilled assistant message, so a partial message can't be continued exactly"
+    else:
+        reason = None
+    seconds = answer.elapsed if round_trip is None else round_trip
+    return ChatSupport(True, prefill, echoes and reason is None, seconds, reason, repeats_prefill=repeats, check=check if reason is None else None)

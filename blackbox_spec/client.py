@@ -292,8 +292,9 @@ class SpecClient:
             self.profiles.save(force=force)
 
     async def probe_chat(self) -> ChatSupport:
-        """Learn once how the chat endpoint can be verified (see :mod:`.chat`).
-        (Never kept in the profile: exactness rests on it.)"""
+        """Learn once per process how the chat endpoint can be verified (see
+        :mod:`.chat`); exactness rests on it, so only the continuation it saw
+        work is kept in the profile, to be checked again, never trusted."""
         await self.ensure_model()
         async with self._probing:
             if self.chat_support is None:
@@ -608,9 +609,6 @@ class SpecClient:
             if forced and forced not in available:
                 raise ConfigurationError(f"strategy {forced!r} is not available on {self.api.base_url}'s chat endpoint (no prompt_logprobs); use --strategy auto")
             await self._use_stop_rule(out, stats, chat=True)
-            self._open_profile()
-            if self.chat_costs is None:
-                self.chat_costs = ServerCosts()
             source = self._speculate(turn, available, self.chat_costs, forced, out, stats, probing=turn.pending)
         else:
             stats.note(reason)

@@ -21,8 +21,9 @@ serve``), written by ``bspec probe`` and refreshed after every generation.
   may answer at the same URL under the same model name (llama-server
   today, vLLM tomorrow), and a stale stop rule would end the text in
   another place.  (The chat probe's continuation is kept, to be *checked*
-  again in one round instead of two; a failed check runs the full probe.)  For the same reason a client with a profile still makes
-  one small call first, which says what kind of server answers (llama.cpp
+  again in one round instead of two; a failed check runs the full probe.)
+  For the same reason a client with a profile still makes one small call
+  first, which says what kind of server answers (llama.cpp
   counts tokens and applies stop strings its own way).  A stale capability
   only costs a refused call.
 * A profile older than a day (``MAX_AGE_S``) is measured again.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from blackbox_spec._tokens import Unit
 from blackbox_spec.policy import HUNCH_STREAK, TUNING, LinearCost, Policy, RunLengths, ServerCosts, branch_outlook, round_options
 from blackbox_spec.testing import FakeTarget
-from blackbox_spec.verifiers import Plan, Verdict
+from blackbox_spec.verifiers import Verdict
 from blackbox_spec.verifiers.fanout import likely_boundaries, units_through
 
 # -- the fake target is as hard as promised ------------------------------------

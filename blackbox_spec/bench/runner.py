@@ -17,10 +17,10 @@ from typing import Callable, Sequence
 
 import httpx
 
+from .._exceptions import PromptError
 from .._stats import GenerationResult
 from ..client import SpecClient
 from ..drafters import SessionIndex
-from .._exceptions import PromptError
 from .divergence import Divergence, explain, first_difference
 from .workloads import Prompt
 

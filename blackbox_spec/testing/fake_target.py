@@ -541,8 +541,9 @@ class FakeTarget:
 
     def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, continue_final: bool = False) -> str:
         """The fake's chat template; a continued final message is left open.
-        (Plain words, not ``<|im_start|>``-like markers: the fake's induction
-        head would copy those into its answers.)"""
+        (Plain words by default, not ``<|im_start|>``-like markers: the fake's
+        induction head would copy those into its answers; ChatML only for a
+        replay, whose recorded prompts are ChatML text.)"""
         if self.chat_template == "chatml":
             opening, closing, reply = "<|im_start|>{role}\n", "<|im_end|>\n", "<|im_start|>assistant\n"
         else:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .._cancel import cancel_once
-from .._target import StreamEnd, StreamPiece, TargetAPI
+from .._target import StreamPiece, TargetAPI
 from .._tokens import OPAQUE, Unit, align_tokens, count_tokens
 
 
