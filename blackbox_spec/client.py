@@ -27,7 +27,7 @@ from ._stopping import DEFAULT_RULE, RULES, single_stop_rule
 from ._target import StreamPiece, TargetAPI, resolve_settings
 from .chat import ChatSupport, ChatTurn, ContinueCheck, check_messages, probe_chat
 from .drafters import Drafter, DrafterFactory, SessionIndex, drafter_factory
-from .orchestrator import Output, decode_plainly, speculate
+from .orchestrator import Output, decode_plainly_from_start, speculate
 from .policy import Policy, ServerCosts
 from .probe import STOP_PROBE_PROMPT, probe_stop_rule
 from .profile import LOADED_WEIGHT, PROFILE_MODES, ProfileStore
@@ -543,7 +543,7 @@ class SpecClient:
 
     async def _pieces(self, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
         if self._new_drafter is None or self.strategy == "plain":
-            async with aclosing(decode_plainly(self.api, out, stats)) as pieces:
+            async with aclosing(decode_plainly_from_start(self.api, out, stats)) as pieces:
                 async for piece in pieces:
                     yield piece
             return
@@ -564,7 +564,7 @@ class SpecClient:
             )
         if not caps.logprobs:
             stats.note("the server returns no logprobs, so token boundaries are unknown: decoding plainly")
-            async with aclosing(decode_plainly(self.api, out, stats)) as pieces:
+            async with aclosing(decode_plainly_from_start(self.api, out, stats)) as pieces:
                 async for piece in pieces:
                     yield piece
             return
@@ -614,7 +614,7 @@ class SpecClient:
             stats.note(reason)
             if unsupported:
                 stats.fallback = "plain chat"
-            source = decode_plainly(turn, out, stats)
+            source = decode_plainly_from_start(turn, out, stats)
         try:
             try:
                 async with aclosing(source) as pieces:
@@ -628,7 +628,7 @@ class SpecClient:
                 support = await turn.pending
                 stats.note(f"the chat endpoint refused the first request ({exc}); {support.reason or 'retrying'}: decoding the chat turn plainly")
                 stats.fallback = "plain chat"
-                async with aclosing(decode_plainly(turn, out, stats)) as pieces:
+                async with aclosing(decode_plainly_from_start(turn, out, stats)) as pieces:
                     async for piece in pieces:
                         yield piece
         finally:

@@ -18,6 +18,7 @@ Exactness argument, in one place:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from contextlib import aclosing
@@ -229,6 +230,9 @@ def _recoverable(exc: TargetError, speculative: bool) -> bool:
     return True  # a broken connection, a timeout, a garbled answer
 
 
+LONG_PROMPT_CHARS = 20_000
+
+
 async def speculate(
     api: TargetAPI,
     drafter: Drafter,
@@ -238,7 +242,13 @@ async def speculate(
     stats: GenerationStats,
 ) -> AsyncIterator[str]:
     """Generate ``out``'s continuation speculatively; yields text as it is accepted."""
-    drafter.start(out.prompt)
+    if len(out.prompt) > LONG_PROMPT_CHARS:
+        # Indexing costs a few microseconds a character: a long prompt is
+        # indexed in a thread, so other requests' streams (and ``bspec
+        # serve``'s /health) are not frozen for seconds meanwhile.
+        await asyncio.to_thread(drafter.start, out.prompt)
+    else:
+        drafter.start(out.prompt)
     plain_next = False
     recovery = Recovery(out, policy, stats)
     canon = Canon(api, out.prompt)
@@ -744,7 +754,16 @@ async def _go_plain(api: TargetAPI, policy: Policy, out: Output, stats: Generati
     shown twice."""
     policy.stop_speculating()
     stats.note(canon.note)
-    for attempt in range(3):
+    async with aclosing(decode_plainly_from_start(api, out, stats)) as pieces:
+        async for piece in pieces:
+            yield piece
+
+
+async def decode_plainly_from_start(api: TargetAPI, out: Output, stats: GenerationStats, attempts: int = 3) -> AsyncIterator[str]:
+    """Plain decoding from the prompt, started again where a stream breaks
+    (a broken stream cannot resume from its text: that would send it back,
+    and it may not tokenize as written).  What was shown is not shown twice."""
+    for attempt in range(attempts):
         stats.output_tokens -= out.tokens  # counted again by the plain call
         out.reset()
         try:
@@ -753,9 +772,7 @@ async def _go_plain(api: TargetAPI, policy: Policy, out: Output, stats: Generati
                     yield piece
             return
         except TargetError as exc:
-            # A broken stream cannot resume from its text (that would send it
-            # back): the plain call starts again; what was shown is not shown twice.
-            if attempt == 2 or not _recoverable(exc, speculative=False):
+            if attempt == attempts - 1 or not _recoverable(exc, speculative=False):
                 raise
             stats.failed_rounds += 1
 

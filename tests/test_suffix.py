@@ -146,9 +146,50 @@ def test_session_index_is_bounded_and_evicts_the_oldest_outputs_first():
         session.automaton.check_integrity()
         assert session.pieces <= 400 * 5 // 4
     kept = {vocab for output in session.outputs for vocab in output}
-    first_piece, last_piece = session.vocabulary.ids[" turn0_word1"], session.vocabulary.ids[" turn29_word1"]
-    assert first_piece not in kept and last_piece in kept
-    assert state_of(session.automaton, (first_piece,)) is None
+    # Eviction rebuilds the vocabulary too: what only evicted outputs held is gone.
+    assert " turn0_word1" not in session.vocabulary.ids
+    last_piece = session.vocabulary.ids[" turn29_word1"]
+    assert last_piece in kept and state_of(session.automaton, (last_piece,)) is not None
+
+
+def test_session_index_keeps_a_character_budget():
+    session = SessionIndex(max_chars=10_000)
+    for i in range(40):
+        session.add(f"turn{i} " + "y" * 1000)  # few pieces, many characters
+        assert session.chars <= 10_000 * 5 // 4
+    assert session.chars == sum(len(p) for output in session.outputs for p in map(session.vocabulary.pieces.__getitem__, output))
+
+
+def test_prompts_pieces_do_not_grow_the_shared_vocabulary_for_good():
+    """``bspec serve`` shares one index among all callers: prompts full of
+    unique words (which never become outputs) must not pile up in it."""
+    session = SessionIndex()
+    for i in range(40):
+        d = SuffixDrafter(session=session)
+        d.start(" ".join(f"p{i}w{j}" for j in range(5000)))
+        d.update(" the answer", "", 0)
+        d.finish()
+        assert len(session.vocabulary.pieces) <= 2 * session.pieces + 50_000 + 5001
+    assert session.pieces == 80 and len(session.vocabulary.pieces) < 60_000
+
+
+def test_a_long_prompt_indexed_in_a_thread_beside_other_generations():
+    import threading
+
+    session = SessionIndex(max_pieces=2_000)
+    long_prompt = " ".join(f"w{j % 3000}" for j in range(60_000)) + " w1 w2 w3"
+    d = SuffixDrafter(session=session)
+    worker = threading.Thread(target=d.start, args=(long_prompt,))
+    worker.start()
+    i = 0
+    while worker.is_alive():  # other generations finish meanwhile (and evict, rebuilding the index)
+        session.add(" ".join(f"o{i}_{j}" for j in range(300)))
+        i += 1
+    worker.join()
+    assert i > 0
+    assert d.propose(20).startswith(" w4 w5")
+    session.automaton.check_integrity()
+    assert len(set(session.vocabulary.ids.values())) == len(session.vocabulary.ids)  # no id handed out twice
 
 
 def test_a_drafter_survives_the_session_index_being_rebuilt_under_it():

@@ -24,6 +24,7 @@ draft length learned from earlier outcomes.
 from __future__ import annotations
 
 import re
+import threading
 from collections import deque
 
 from .base import DraftLength, draft_rest
@@ -131,36 +132,53 @@ class SuffixAutomaton:
 
 
 class _Vocabulary:
-    """Pieces as small ints (their ids are shared by both indexes)."""
+    """Pieces as small ints (their ids are shared by both indexes).
+
+    A long prompt is indexed in a thread (the orchestrator keeps the event
+    loop free), while other generations add pieces on the loop: a new id is
+    handed out under a lock, so no two pieces ever share one."""
 
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}
         self.pieces: list[str] = []
+        self.chars = 0
+        self._lock = threading.Lock()
 
     def id(self, piece: str) -> int:
         known = self.ids.get(piece)
         if known is None:
-            known = self.ids[piece] = len(self.pieces)
-            self.pieces.append(piece)
+            with self._lock:
+                known = self.ids.get(piece)
+                if known is None:
+                    known = self.ids[piece] = len(self.pieces)
+                    self.pieces.append(piece)
+                    self.chars += len(piece)
         return known
 
 
 class SessionIndex:
-    """Earlier outputs of a session, at most ``max_pieces`` of them, oldest
-    evicted first (whole outputs).  Shared by the drafters of one client.
+    """Earlier outputs of a session, at most ``max_pieces`` pieces and
+    ``max_chars`` characters of them, oldest evicted first (whole outputs).
+    Shared by the drafters of one client (in ``bspec serve``, by every
+    request: so it must stay bounded whatever callers send).
 
     Eviction rebuilds the automaton from the outputs that stay; it happens
-    once the index has grown by a quarter past its bound, so its cost per
-    piece added stays constant.
+    once the index has grown by a quarter past a bound, so its cost per
+    piece added stays constant.  The vocabulary also learns every prompt's
+    pieces (both indexes share its ids): when it holds far more than the
+    outputs need, it is rebuilt too, and drafters still running keep the
+    vocabulary and automaton they started with (their ids stay consistent).
     """
 
-    def __init__(self, max_pieces: int = 200_000) -> None:
-        if max_pieces < 1:
-            raise ValueError("max_pieces must be positive")
+    def __init__(self, max_pieces: int = 200_000, max_chars: int = 4_000_000) -> None:
+        if max_pieces < 1 or max_chars < 1:
+            raise ValueError("max_pieces and max_chars must be positive")
         self.max_pieces = max_pieces
+        self.max_chars = max_chars
         self.vocabulary = _Vocabulary()
         self.outputs: deque[list[int]] = deque()
         self.pieces = 0
+        self.chars = 0
         self.automaton = SuffixAutomaton()
         self._separator = -1
 
@@ -170,14 +188,25 @@ class SessionIndex:
             return
         self.outputs.append(symbols)
         self.pieces += len(symbols)
-        if self.pieces > self.max_pieces * 5 // 4:
-            while self.pieces > self.max_pieces * 3 // 4 and len(self.outputs) > 1:
-                self.pieces -= len(self.outputs.popleft())
-            self.automaton = SuffixAutomaton()
-            for output in self.outputs:
-                self._insert(output)
+        self.chars += len(text)
+        vocabulary = self.vocabulary
+        if self.pieces > self.max_pieces * 5 // 4 or self.chars > self.max_chars * 5 // 4:
+            while (self.pieces > self.max_pieces * 3 // 4 or self.chars > self.max_chars * 3 // 4) and len(self.outputs) > 1:
+                dropped = self.outputs.popleft()
+                self.pieces -= len(dropped)
+                self.chars -= sum(len(vocabulary.pieces[s]) for s in dropped)
+            self._rebuild()
+        elif len(vocabulary.pieces) > 2 * self.pieces + 50_000 or vocabulary.chars > 2 * self.max_chars:
+            self._rebuild()  # mostly prompts' pieces, which no output holds
         else:
             self._insert(symbols)
+
+    def _rebuild(self) -> None:
+        old, self.vocabulary = self.vocabulary, _Vocabulary()
+        self.outputs = deque([self.vocabulary.id(old.pieces[s]) for s in output] for output in self.outputs)
+        self.automaton = SuffixAutomaton()
+        for output in self.outputs:
+            self._insert(output)
 
     def _insert(self, symbols: list[int]) -> None:
         for s in symbols:
@@ -217,12 +246,18 @@ class SuffixDrafter:
         self.reuse = reuse
         self._fork: tuple | None = None  # the first uncertain choice of the last draft
         self._last_pieces: list[str] = []
-        self.vocabulary = self.session.vocabulary
         self.start("")
 
     # -- Drafter protocol ---------------------------------------------------
 
     def start(self, prompt: str) -> None:
+        # Safe in a thread beside other generations on the event loop (a long
+        # prompt is indexed there): the prompt goes into the local index only,
+        # and the session index is walked at the first draft, on the loop.
+        self.vocabulary = self.session.vocabulary
+        self._started_with = self.session.automaton
+        self._walked = None
+        self.global_state = self.global_matched = 0
         self.local = SuffixAutomaton()
         self.char_ends: list[int] = [0]  # character offset after each committed piece
         self.tail = ""  # the last piece, which may still grow
@@ -232,10 +267,9 @@ class SuffixDrafter:
         # earlier, and the copy is resumed there (``ngram.resync``).
         self.copy_pos: int | None = None
         self.copy_valid = False
-        self._rewalk()
         self.last_match = 0
         self.generated = ""
-        self._append(prompt)
+        self._append(prompt, walk=False)
         self.generated = ""  # what this generation added: it joins the session index
         self._draft_at, self._draft = -1, ""
 
@@ -250,13 +284,13 @@ class SuffixDrafter:
         return self._draft
 
     def _fresh_draft(self, max_chars: int) -> str:
-        if self._walked is not self.session.automaton:
-            self._rewalk()  # the session index was rebuilt (eviction)
+        if self._walked is not self._session_automaton():
+            self._rewalk()  # the session index was rebuilt (eviction), or not walked since start
         # In the local index the text itself is the longest match; the
         # longest suffix found *earlier* is its suffix link.
         repeat = self.local.link[self.local.last] if self.local.last else 0
         matches = sorted(
-            [(self.local.length[repeat], self.local, repeat), (self.global_matched, self.session.automaton, self.global_state)],
+            [(self.local.length[repeat], self.local, repeat), (self.global_matched, self._session_automaton(), self.global_state)],
             key=lambda m: -m[0],
         )
         best: tuple[float, int, list[str]] = (0.0, 0, [])
@@ -311,7 +345,13 @@ class SuffixDrafter:
 
     # -- internals -------------------------------------------------------------
 
-    def _append(self, text: str) -> None:
+    def _session_automaton(self) -> SuffixAutomaton:
+        """The session's index, unless it was rebuilt with new ids since this
+        generation started: then the one it started with (still consistent
+        with this drafter's ids; it is freed when the generation ends)."""
+        return self.session.automaton if self.session.vocabulary is self.vocabulary else self._started_with
+
+    def _append(self, text: str, walk: bool = True) -> None:
         if not text:
             return
         if self.copy_pos is not None:
@@ -322,18 +362,19 @@ class SuffixDrafter:
         self.generated += text
         pieces = split_pieces(self.tail + text)
         self.tail = pieces.pop()
-        if self._walked is not self.session.automaton:
+        if walk and self._walked is not self._session_automaton():
             self._rewalk()
-        vocabulary, automaton, session = self.vocabulary, self.local, self.session.automaton
+        vocabulary, automaton, session = self.vocabulary, self.local, self._session_automaton()
         ends = self.char_ends
         for piece in pieces:
             symbol = vocabulary.id(piece)
             automaton.extend(symbol)  # its ``sequence``: the symbols of all pieces but the last
             ends.append(ends[-1] + len(piece))
-            self.global_state, self.global_matched = session.walk(self.global_state, self.global_matched, symbol)
+            if walk:
+                self.global_state, self.global_matched = session.walk(self.global_state, self.global_matched, symbol)
 
     def _rewalk(self) -> None:
-        self._walked = automaton = self.session.automaton
+        self._walked = automaton = self._session_automaton()
         state = matched = 0
         for symbol in self.local.sequence[-4 * self.length.high :]:
             state, matched = automaton.walk(state, matched, symbol)
