@@ -21,7 +21,8 @@ the target confirmed is lost.
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+import json
+from typing import Any, AsyncIterator, Iterable
 
 
 class BlackboxSpecError(Exception):
@@ -87,26 +88,52 @@ def _secret(secret: str | None) -> bool:
     return bool(secret) and len(secret) >= 4  # shorter ones would mangle ordinary text
 
 
-def redact(text: str, secret: str | None) -> str:
-    """Replace every occurrence of ``secret`` in ``text``."""
-    if _secret(secret):
-        text = text.replace(secret, _MASK)
+def secret_forms(secrets: str | None | Iterable[str | None]) -> list[str]:
+    """Every way each secret may be written in text we pass on: as it is,
+    and JSON-escaped (an upstream that echoes a header inside a JSON error
+    writes non-ASCII, quotes and backslashes as escapes, or every character
+    as ``\\uXXXX``).  Longest first, so a form is replaced before a part of it.
+
+    >>> secret_forms("sk-é1234")[2:]
+    ['sk-\\\\u00e91234', 'sk-é1234']
+    """
+    if secrets is None or isinstance(secrets, str):
+        secrets = [secrets]
+    forms: set[str] = set()
+    for secret in secrets:
+        if not _secret(secret):
+            continue
+        forms.add(secret)
+        forms.add(json.dumps(secret)[1:-1])  # ensure_ascii: non-ASCII as \uXXXX
+        forms.add(json.dumps(secret, ensure_ascii=False)[1:-1])
+        every = "".join(f"\\u{ord(c):04x}" if ord(c) < 0x10000 else json.dumps(c)[1:-1] for c in secret)
+        forms.update((every, every.replace("\\u", "\\U").upper().replace("\\U", "\\u")))
+    return sorted(forms, key=lambda f: (-len(f), f))
+
+
+def redact(text: str, secrets: str | None | Iterable[str | None]) -> str:
+    """Replace every occurrence of each secret (in any of its forms) in ``text``."""
+    for form in secret_forms(secrets):
+        text = text.replace(form, _MASK)
     return text
 
 
-async def redact_chunks(chunks: AsyncIterator[bytes], secret: str | None) -> AsyncIterator[bytes]:
-    """``chunks`` with every occurrence of ``secret`` replaced, also where it
-    is split across chunks.  Only a tail that could begin the secret is held
+async def redact_chunks(chunks: AsyncIterator[bytes], secrets: str | None | Iterable[str | None]) -> AsyncIterator[bytes]:
+    """``chunks`` with every occurrence of each secret replaced, also where
+    it is split across chunks.  Only a tail that could begin a secret is held
     back until the next chunk, so an SSE event (ending in a blank line) is
     never delayed."""
-    if not _secret(secret):
+    keys = [form.encode() for form in secret_forms(secrets)]
+    if not keys:
         async for chunk in chunks:
             yield chunk
         return
-    key, held = secret.encode(), b""
+    held = b""
     async for chunk in chunks:
-        text = (held + chunk).replace(key, _MASK.encode())
-        keep = _longest_start_of(key, text)
+        text = held + chunk
+        for key in keys:
+            text = text.replace(key, _MASK.encode())
+        keep = max(_longest_start_of(key, text) for key in keys)
         held = text[len(text) - keep :] if keep else b""
         if len(text) > keep:
             yield text[: len(text) - keep]
