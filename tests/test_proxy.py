@@ -38,7 +38,7 @@ async def sdks(upstream):
     """(through the proxy, directly): two openai SDK clients, in process."""
     proxy = Proxy(UPSTREAM, None, transport=httpx.MockTransport(upstream.handle_async), client_options={"drafter": "suffix"})
     app = proxy.app()
-    via = openai.AsyncOpenAI(base_url="http://proxy.test/v1", api_key="unused", http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app)))
+    via = openai.AsyncOpenAI(base_url="http://localhost/v1", api_key="unused", http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app)))
     direct = openai.AsyncOpenAI(base_url=UPSTREAM, api_key="unused", http_client=httpx.AsyncClient(transport=httpx.MockTransport(upstream.handle_async)))
     via.proxy = proxy  # type: ignore[attr-defined]
     yield via, direct
@@ -155,7 +155,7 @@ async def test_a_passed_through_answer_never_shows_the_proxys_key(stream):
         return httpx.Response(401, content=echoed, headers={"content-type": "application/json"})
 
     proxy = Proxy(UPSTREAM, key, transport=httpx.MockTransport(upstream))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(proxy.app()), base_url="http://proxy.test") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(proxy.app()), base_url="http://localhost") as http:
         body = {"model": "fake-model", "messages": chat_of("hi"), "temperature": 0.7, "stream": stream}
         response = await http.post("/v1/chat/completions", json=body)
     await proxy.aclose()
@@ -177,7 +177,7 @@ async def test_metrics_count_speculation(sdks):
     request = {"model": "fake-model", "messages": chat_of(PROMPTS["code"] * 3), "temperature": 0, "max_tokens": 100}
     for _ in range(3):
         await via.chat.completions.create(**request)
-    metrics = (await via._client.get("http://proxy.test/metrics")).json()
+    metrics = (await via._client.get("http://localhost/metrics")).json()
     assert metrics["requests"] == metrics["speculated"] == 3 and metrics["in_progress"] == 0
     assert metrics["output_tokens"] == 300 and metrics["accepted_tokens"] > 0
     assert metrics["decode_steps_saved"] == metrics["accepted_tokens"] and 0 < metrics["acceptance_rate"] <= 1
@@ -189,7 +189,7 @@ async def test_errors_are_the_upstreams_status_and_message(sdks):
     for stream in (False, True):
         with pytest.raises(openai.NotFoundError, match="does not exist"):
             await via.chat.completions.create(model="no-such-model", messages=chat_of("hi"), temperature=0, max_tokens=5, stream=stream)
-    response = await via._client.post("http://proxy.test/v1/chat/completions", content=b"{not json")
+    response = await via._client.post("http://localhost/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert response.status_code == 400 and "not JSON" in response.json()["error"]["message"]
     assert via.proxy.metrics.in_progress == 0
 
@@ -197,7 +197,7 @@ async def test_errors_are_the_upstreams_status_and_message(sdks):
 async def test_beyond_max_speculative_requests_decode_plainly(upstream):
     upstream.decode_s = 0.005
     proxy = Proxy(UPSTREAM, None, transport=httpx.MockTransport(upstream.handle_async), max_speculative=1)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(proxy.app()), base_url="http://proxy.test") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(proxy.app()), base_url="http://localhost") as http:
         body = {"model": "fake-model", "prompt": PROMPTS["code"], "temperature": 0, "max_tokens": 40}
         answers = await asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(3)))
     assert sorted(a.headers["x-bspec"].split(";")[0] for a in answers) == ["plain", "plain", "speculative"]
@@ -209,7 +209,7 @@ async def test_beyond_max_speculative_requests_decode_plainly(upstream):
 async def test_a_full_queue_answers_503_with_retry_after(upstream):
     upstream.decode_s = 0.02
     proxy = Proxy(UPSTREAM, None, transport=httpx.MockTransport(upstream.handle_async), max_concurrency=1, max_queue=0)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(proxy.app()), base_url="http://proxy.test") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(proxy.app()), base_url="http://localhost") as http:
         body = {"model": "fake-model", "prompt": PROMPTS["prose"], "temperature": 0, "max_tokens": 20}
         first, second = await asyncio.gather(http.post("/v1/completions", json=body), http.post("/v1/completions", json=body))
     codes = sorted([first.status_code, second.status_code])

@@ -491,7 +491,12 @@ class FakeTarget:
         return status, {"error": {"message": message, "type": kind, "code": status}}, None
 
     def _dispatch(self, method: str, path: str, headers: Any, content: bytes) -> tuple[int, dict, list | None]:
-        status, payload, chunks = self._answer(method, path, headers, content)
+        try:
+            status, payload, chunks = self._answer(method, path, headers, content)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+            # A field of the wrong type: real servers validate the request
+            # (vLLM with pydantic) and answer 400, never 500.
+            status, payload, chunks = self._error(400, f"Invalid request: {type(exc).__name__}", "BadRequestError")
         if self.leaky_errors and status >= 400:
             payload["error"]["message"] += f" (request had authorization: {headers.get('authorization')})"
         return status, payload, chunks
@@ -500,7 +505,10 @@ class FakeTarget:
         if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
             return self._error(401, "Invalid API key.", "AuthenticationError")
         if method == "GET" and path.endswith("/models"):
-            return 200, {"object": "list", "data": [{"id": self.model_name, "object": "model"}]}, None
+            listed = {"id": self.model_name, "object": "model"}
+            if self.context_window is not None:
+                listed["max_model_len"] = self.context_window  # as vLLM lists it
+            return 200, {"object": "list", "data": [listed]}, None
         if not self.tokenize and path.endswith("tokenize"):
             return self._error(404, f"Not Found: {path}", "NotFoundError")
         if method == "POST" and path.endswith("/tokenize") and not path.startswith("/v1"):
