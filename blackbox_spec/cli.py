@@ -90,7 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--chat", action="store_true", help="use /v1/chat/completions: PROMPT_FILE is the user's message, or a JSON list of {role, content} messages; the answer equals a plain chat call's")
     run.add_argument("--system", metavar="TEXT", help="with --chat: a system message before the user's")
     run.add_argument("--continue-final", action="store_true", help="with --chat: a conversation that ends with an assistant message has that message continued (with speculation, where the server can prefill); without it the messages are sent as they are and decoded plainly, as servers differ on them")
-    run.add_argument("--prediction", metavar="FILE", help="with --chat: send FILE's text as the Predicted Outputs `prediction` (OpenAI's gpt-4o/4.1 families) instead of speculating here; the stats report the accepted/rejected prediction tokens")
+    run.add_argument("--prediction", metavar="FILE", help="the text the answer is expected to be much like (the file being edited), as OpenAI's Predicted Outputs: "
+                     "drafted from first, here (the answer stays the plain call's); the stats report the prediction tokens accepted and rejected")
+    run.add_argument("--prediction-mode", choices=["auto", "local", "server"], default="auto", help="where --prediction is used: local = drafted from here; "
+                     "server = sent as `prediction` to an API that speculates on it itself (OpenAI's gpt-4o/4.1), the turn decoded plainly here (--chat only); "
+                     "auto = here wherever the server can verify drafts, else sent (default: auto)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     run.add_argument("--quiet", action="store_true", help="do not print the stats line on stderr")
     run.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="colour text confirmed from accepted drafts green: auto = on a terminal unless NO_COLOR is set (default: auto)")
@@ -370,8 +374,12 @@ def _check_mode(args: argparse.Namespace) -> None:
         if args.drafter != "none" and not args.draft_model:
             raise ConfigurationError("--local needs --draft-model DIR (sharing the target's tokenizer), or --drafter none for plain sampling")
         return
-    if not args.chat and (args.system is not None or args.prediction is not None or args.continue_final):
-        raise ConfigurationError("--system, --prediction and --continue-final need --chat")
+    if not args.chat and (args.system is not None or args.continue_final):
+        raise ConfigurationError("--system and --continue-final need --chat")
+    if not args.chat and args.prediction_mode == "server":
+        raise ConfigurationError("--prediction-mode server needs --chat (Predicted Outputs is a chat API field)")
+    if args.prediction is not None and (len(args.prompt_files) > 1 or args.prompt_files[0].endswith(".jsonl")):
+        raise ConfigurationError("--prediction is for one prompt file, not a batch")
     if args.chat and (len(args.prompt_files) > 1 or args.prompt_files[0].endswith(".jsonl")):
         raise ConfigurationError("--chat takes one prompt file (batches are completions prompts); run one bspec run --chat per conversation")
     given = [f"--{name.replace('_', '-')}" for name in LOCAL_ONLY if getattr(args, name) is not None]
@@ -478,6 +486,7 @@ def _client(args: argparse.Namespace) -> SpecClient:
         draft_model=args.draft_model, draft_device=args.draft_device,
         strategy=strategy, timeout=args.timeout, fanout_width=args.fanout_width,
         retries=RetryPolicy(attempts=args.retries + 1), max_in_flight=args.max_in_flight, profile=args.profile,
+        prediction_mode=getattr(args, "prediction_mode", "auto"),
     )
 
 
@@ -499,7 +508,7 @@ async def _run(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
             stream = client.stream_chat(chat_messages(prompt, args.system), max_tokens=args.max_tokens, stop=args.stop, prediction=prediction,
                                         continue_final=args.continue_final)
         else:
-            stream = client.stream(prompt, max_tokens=args.max_tokens, stop=args.stop)
+            stream = client.stream(prompt, max_tokens=args.max_tokens, stop=args.stop, prediction=prediction)
         result_box.append(stream.result)
         render = _renderer(args)
         try:

@@ -27,6 +27,7 @@ from ._stopping import DEFAULT_RULE, RULES, single_stop_rule
 from ._target import StreamPiece, TargetAPI, resolve_settings
 from .chat import ChatSupport, ChatTurn, ContinueCheck, check_messages, probe_chat
 from .drafters import Drafter, DrafterFactory, SessionIndex, drafter_factory
+from .drafters.prediction import PredictionDrafter
 from .orchestrator import Output, decode_plainly_from_start, speculate
 from .policy import Policy, ServerCosts
 from .probe import STOP_PROBE_PROMPT, probe_stop_rule
@@ -143,7 +144,10 @@ class SpecClient:
         max_in_flight: int | None = 64,
         stop_rule: str | None = None,
         profile: str = "auto",
+        prediction_mode: str = "auto",
     ) -> None:
+        if prediction_mode not in PREDICTION_MODES:
+            raise ConfigurationError(f"unknown prediction_mode {prediction_mode!r}; choose from: {', '.join(PREDICTION_MODES)}")
         if stop_rule is not None and stop_rule not in RULES:
             raise ConfigurationError(f"unknown stop_rule {stop_rule!r}; choose from: {', '.join(RULES)} (or None to learn it from the server)")
         if profile not in PROFILE_MODES:
@@ -159,6 +163,7 @@ class SpecClient:
         # the suffix drafter's session index are shared between them).
         self._new_drafter = drafter_factory(drafter, draft_model=draft_model, draft_device=draft_device)
         self.strategy = strategy
+        self.prediction_mode = prediction_mode
         self.fanout_width = fanout_width
         self.max_draft_chars = max_draft_chars
         self.api = TargetAPI(url, key, model, http_client=http_client, transport=transport, timeout=timeout, retries=retries, max_in_flight=max_in_flight)
@@ -425,10 +430,12 @@ class SpecClient:
 
     # -- generation ---------------------------------------------------------------
 
-    async def generate(self, prompt: str, *, max_tokens: int = 256, stop: str | Sequence[str] | None = None) -> GenerationResult:
+    async def generate(self, prompt: str, *, max_tokens: int = 256, stop: str | Sequence[str] | None = None, prediction: str | None = None) -> GenerationResult:
         """Generate the continuation of ``prompt``; exactly what a plain
-        temperature-0 call to the same server returns."""
-        stream = self.stream(prompt, max_tokens=max_tokens, stop=stop)
+        temperature-0 call to the same server returns.  ``prediction``: the
+        text the output is expected to be much like (the file being edited),
+        drafted from first (see :class:`~blackbox_spec.drafters.prediction.PredictionDrafter`)."""
+        stream = self.stream(prompt, max_tokens=max_tokens, stop=stop, prediction=prediction)
         async for _ in stream:
             pass
         return stream.result
@@ -471,15 +478,16 @@ class SpecClient:
         await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
         return outcomes  # type: ignore[return-value]
 
-    def stream(self, prompt: str, *, max_tokens: int = 256, stop: str | Sequence[str] | None = None) -> GenerationStream:
+    def stream(self, prompt: str, *, max_tokens: int = 256, stop: str | Sequence[str] | None = None, prediction: str | None = None) -> GenerationStream:
         """Like :meth:`generate`, yielding text as soon as the target confirms it.
 
         If the task reading it is cancelled, or it is closed early, every
         request in flight is closed and ``.result`` keeps the text so far,
         with ``stats.interrupted`` set."""
         stops = _check_arguments(prompt, max_tokens, stop)
+        _check_prediction(prediction)
         result = GenerationResult("", GenerationStats())
-        out = Output(prompt, max_tokens, stops)
+        out = Output(prompt, max_tokens, stops, prediction=prediction or None)
         return GenerationStream(self._run(out, self._pieces(out, result.stats), result), result)
 
     async def chat(
@@ -493,10 +501,15 @@ class SpecClient:
         turn, llama.cpp continues it) and decoded plainly;
         ``continue_final=True`` continues that message instead, with
         speculation, where the server can (``probe_chat``).
-        ``prediction``: send this text as OpenAI's Predicted Outputs
-        ``prediction`` instead of speculating here (for APIs that offer it;
-        ``stats.accepted_prediction_tokens`` reports how much of it the
-        server used)."""
+        ``prediction``: the text the reply is expected to be much like (the
+        file being edited).  With ``prediction_mode`` "local" it is drafted
+        from first, here; with "server" it is sent as OpenAI's Predicted
+        Outputs ``prediction`` and the turn is decoded plainly (the server
+        speculates on it); "auto" (the default) drafts here where this chat
+        endpoint can verify drafts (``probe_chat``), and sends it otherwise.
+        ``stats.accepted_prediction_tokens`` / ``rejected_prediction_tokens``
+        report how much of it the reply kept (here: estimated from the
+        characters copied, at the reply's characters per token)."""
         stream = self.stream_chat(messages, max_tokens=max_tokens, stop=stop, prediction=prediction, continue_final=continue_final)
         async for _ in stream:
             pass
@@ -509,13 +522,11 @@ class SpecClient:
         """Like :meth:`chat`, yielding text as soon as the target confirms it."""
         messages = check_messages(messages)
         stops = _check_arguments("chat", max_tokens, stop)
-        if prediction is not None and not isinstance(prediction, str):
-            raise ConfigurationError(f"prediction must be a string, not {type(prediction).__name__}")
-        extra = {"prediction": {"type": "content", "content": prediction}} if prediction is not None else None
-        turn = ChatTurn(self.api, messages, extra=extra, continue_final=continue_final)
+        _check_prediction(prediction)
+        turn = ChatTurn(self.api, messages, continue_final=continue_final)
         result = GenerationResult("", GenerationStats())
-        out = Output(turn.prompt, max_tokens, stops)
-        return GenerationStream(self._run(out, self._chat_pieces(turn, out, result.stats, prediction is not None), result), result)
+        out = Output(turn.prompt, max_tokens, stops, prediction=prediction or None)
+        return GenerationStream(self._run(out, self._chat_pieces(turn, out, result.stats, prediction), result), result)
 
     async def _run(self, out: Output, source: AsyncIterator[str], result: GenerationResult) -> AsyncIterator[str]:
         stats = result.stats
@@ -542,7 +553,7 @@ class SpecClient:
             stats.retries = self.api.retried - retried
 
     async def _pieces(self, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
-        if self._new_drafter is None or self.strategy == "plain":
+        if (self._new_drafter is None and out.prediction is None) or self.strategy == "plain":
             async with aclosing(decode_plainly_from_start(self.api, out, stats)) as pieces:
                 async for piece in pieces:
                     yield piece
@@ -573,18 +584,24 @@ class SpecClient:
             async for piece in pieces:
                 yield piece
 
-    async def _chat_pieces(self, turn: ChatTurn, out: Output, stats: GenerationStats, predicted: bool) -> AsyncIterator[str]:
+    async def _chat_pieces(self, turn: ChatTurn, out: Output, stats: GenerationStats, prediction: str | None) -> AsyncIterator[str]:
         reason = unsupported = None
         if turn.prompt != turn.head:
             # The conversation ends with an assistant message to continue:
             # even plain decoding needs to know how this server does that.
             turn.support = await self.probe_chat()
-        if predicted:
+        if prediction is not None and self.prediction_mode != "local":
+            if self.prediction_mode == "auto" and self.strategy != "plain" and (await self.probe_chat()).reason is None:
+                stats.note("a prediction was given: drafted from here (this chat endpoint verifies drafts)")
+            else:
+                out.prediction = None
+                turn.extra["prediction"] = {"type": "content", "content": prediction}
+        if prediction is not None and out.prediction is None:
             reason = "a prediction was given: the server speculates on it (Predicted Outputs), so the turn is decoded plainly here"
         elif turn.ends_with_assistant and turn.prompt == turn.head:
             reason = ("the conversation ends with an assistant message, which servers treat differently (a new turn, or that message "
                       "continued), so it is sent as it is and decoded plainly; continue_final=True continues it with speculation")
-        elif self._new_drafter is None or self.strategy == "plain":
+        elif (self._new_drafter is None and out.prediction is None) or self.strategy == "plain":
             reason = "plain decoding was asked for"
         elif self.chat_support is None and self.strategy == "auto" and turn.prompt == turn.head and await self._chat_profiled():
             # The turn's first request continues nothing, so it needs no probe:
@@ -645,7 +662,9 @@ class SpecClient:
         loaded = self.profiles.chat_loaded if target is not self.api else self.profiles.loaded
         stats.server_profile = "stored" if loaded else "probed"
         await self.load_drafter()
-        drafter = self._new_drafter()
+        drafter = self._new_drafter() if self._new_drafter is not None else None
+        if out.prediction:
+            drafter = PredictionDrafter(out.prediction, drafter)
         policy = Policy(available, costs, forced=forced, fanout_width=self.fanout_width, max_draft_chars=self.max_draft_chars)
         if probing is not None:
             probing.add_done_callback(lambda task: _chat_probed(task, policy, stats))
@@ -665,6 +684,8 @@ class SpecClient:
             if self.profiles.profile is not None:
                 self.profiles.profile.generations += 1
             self._keep_profile(force=False)
+            if isinstance(drafter, PredictionDrafter):
+                _count_prediction(drafter, out, stats)
             finish = getattr(drafter, "finish", None)
             if finish is not None:
                 finish()  # the suffix drafter remembers this output for the session
@@ -686,6 +707,24 @@ def _chat_probed(task: asyncio.Future[ChatSupport], policy: Policy, stats: Gener
         policy.allow("branches")
         if support.prompt_logprobs:
             policy.allow("echo")
+
+
+PREDICTION_MODES = ("auto", "local", "server")
+
+
+def _check_prediction(prediction: object) -> None:
+    if prediction is not None and not isinstance(prediction, str):
+        raise ConfigurationError(f"prediction must be a string, not {type(prediction).__name__}")
+
+
+def _count_prediction(drafter: PredictionDrafter, out: Output, stats: GenerationStats) -> None:
+    """OpenAI's counts for a prediction drafted from here: its tokens the
+    reply kept, and the rest.  Estimated from characters at the reply's own
+    characters per token (the prediction is never tokenized by the server)."""
+    per_char = stats.output_tokens / len(out.text) if out.text else 0.0
+    accepted = round(drafter.kept_chars * per_char)
+    stats.accepted_prediction_tokens = accepted
+    stats.rejected_prediction_tokens = max(0, round(len(drafter.prediction) * per_char) - accepted) if per_char else 0
 
 
 def _check_arguments(prompt: object, max_tokens: object, stop: object) -> list[str] | None:

@@ -59,6 +59,8 @@ class Output:
     # Where the text came in through an accepted draft: [start, end) spans,
     # for display only (the CLI colours them); the text is the target's either way.
     drafted: list[tuple[int, int]] = field(default_factory=list)
+    # The caller's expected text (Predicted Outputs), drafted from first.
+    prediction: str | None = None
 
     def __post_init__(self) -> None:
         self.scanner = StopScanner(self.stop, self.stop_rule)

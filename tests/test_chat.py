@@ -265,7 +265,7 @@ async def test_prediction_is_sent_and_its_usage_reported(served):
     messages = chat_of(PROMPTS["code"])
     truth = plain_chat(served, messages, 40)[0]
     prediction = truth[:50] + "something else entirely"
-    async with client_for() as client:
+    async with client_for(prediction_mode="server") as client:
         result = await client.chat(messages, max_tokens=40, prediction=prediction)
     sent = [r for r in served.requests if "prediction" in r]
     assert len(sent) == 1 and sent[0]["prediction"] == {"type": "content", "content": prediction}
@@ -358,7 +358,8 @@ def test_bspec_run_chat_with_a_prediction(chat_server, tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["--system", "x"], "need --chat"),
-    (["--prediction", "x.txt"], "need --chat"),
+    (["--prediction-mode", "server"], "needs --chat"),
+    (["--continue-final"], "need --chat"),
     (["two.txt", "--chat"], "--chat takes one prompt file"),
 ])
 def test_bspec_run_chat_misuse_is_one_line(tmp_path, args, needle):

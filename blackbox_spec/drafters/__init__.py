@@ -4,7 +4,9 @@
 - ``suffix``: suffix automata over the current text and the session's
   earlier outputs, scored by frequency (:mod:`.suffix`);
 - ``llama``: a GGUF model through llama-cpp-python (:mod:`.llama`);
-- ``hf``: a transformers model on CPU or CUDA (:mod:`.hf`).
+- ``hf``: a transformers model on CPU or CUDA (:mod:`.hf`);
+- a caller's prediction (Predicted Outputs), before any of them
+  (:mod:`.prediction`).
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from .._exceptions import ConfigurationError
 from .base import Drafter, DraftLength
 from .model import ModelDrafter, vocabulary_of
 from .ngram import NGramDrafter, lookup_continuation
+from .prediction import PredictionDrafter
 from .suffix import SessionIndex, SuffixDrafter
 
 DRAFTERS = ("ngram", "suffix", "llama", "hf")
 
 __all__ = [
-    "DRAFTERS", "Drafter", "DraftLength", "DrafterFactory", "ModelDrafter", "NGramDrafter",
+    "DRAFTERS", "Drafter", "DraftLength", "DrafterFactory", "ModelDrafter", "NGramDrafter", "PredictionDrafter",
     "SessionIndex", "SuffixDrafter", "lookup_continuation",
 ]
 
