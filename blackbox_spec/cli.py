@@ -196,7 +196,8 @@ set: those are this server's, never passed on).
 
 Requests at temperature 0 with max_tokens, one choice and text only are
 speculated on; their answers are exactly the upstream's.  Everything else
-(sampling, tools, n > 1, logprobs, prediction) is passed through unchanged.
+(sampling, tools, n > 1, logprobs) is passed through unchanged; a greedy
+request's Predicted Outputs `prediction` is drafted from here.
 The x-bspec response header says which.  Needs: pip install 'blackbox-spec[serve]'.
 """
 

@@ -10,9 +10,9 @@ Any application that speaks the OpenAI API gets faster by changing its
   own greedy text, byte for byte.  While more than ``max_speculative``
   generations are under way the upstream is busy, and such a request is
   decoded plainly instead (the same answer, at plain cost).
+  A ``prediction`` (OpenAI's Predicted Outputs) is drafted from first.
 * **passed through**: everything else (sampling, tools, ``n > 1``, logprobs,
-  ``prediction``, fields we don't know), forwarded unchanged and streamed
-  back as it comes.
+  fields we don't know), forwarded unchanged and streamed back as it comes.
 
 Either way the ``x-bspec`` response header says which, and why.  ``GET
 /metrics`` reports acceptance, the speedup estimate and the decoding steps
@@ -60,7 +60,7 @@ from .client import GenerationStream, SpecClient
 # penalties, logprobs, response formats...), so it is passed through.
 # ``max_completion_tokens`` is a chat field only: the completions endpoint
 # ignores it, so there it is passed through, to be ignored upstream.
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed", "user", "metadata", "store"}
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed", "user", "metadata", "store", "prediction"}
 _HANDLED = {"chat": _COMMON | {"messages", "max_completion_tokens"}, "completions": _COMMON | {"prompt"}}
 
 # Fields named in a pass-through reason (and so a /metrics label); any other
@@ -82,6 +82,24 @@ _KNOWN_FIELDS = frozenset("""
 # anyway.  Where the upstream lists its context, 16 characters a token.
 DEFAULT_MAX_PROMPT_CHARS = 500_000
 CHARS_PER_TOKEN_BOUND = 16
+
+
+def prediction_text(prediction: Any) -> str | None:
+    """The text of an OpenAI Predicted Outputs ``prediction`` (its content as
+    a string or a list of text parts); None if it is not that.
+
+    >>> prediction_text({"type": "content", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})
+    'ab'
+    """
+    if not isinstance(prediction, dict) or prediction.get("type") != "content" or set(prediction) - {"type", "content"}:
+        return None
+    content = prediction.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) and set(p) <= {"type", "text"}
+                                         for p in content):
+        return "".join(p["text"] for p in content)
+    return None
 
 
 def request_problem(kind: str, body: dict[str, Any]) -> str | None:
@@ -136,6 +154,8 @@ def passthrough_reason(kind: str, body: dict[str, Any], max_prompt_chars: int = 
         return "stop is not a string or a list of strings"
     if stop == "" or isinstance(stop, list) and "" in stop:
         return "an empty stop string"  # servers differ on it: the upstream's own answer it is
+    if "prediction" in body and prediction_text(body["prediction"]) is None:
+        return "a prediction that is not text"
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
@@ -514,7 +534,7 @@ class Proxy:
             speculating = self.metrics.in_progress <= self.max_speculative and self.metrics.speculating < self.max_speculative
             client = self.client_for(model, key, speculating)
             try:
-                lease.attach(self._start(client, kind, body), speculating)
+                lease.attach(self._start(client, kind, body, speculating), speculating)
             except BlackboxSpecError as exc:
                 self.metrics.failed += 1
                 return _error(400, self._redact(str(exc), key))
@@ -566,11 +586,15 @@ class Proxy:
             if result is not None:
                 self.metrics.observe(result.stats)
 
-    def _start(self, client: SpecClient, kind: str, body: dict[str, Any]) -> GenerationStream:
+    def _start(self, client: SpecClient, kind: str, body: dict[str, Any], speculating: bool) -> GenerationStream:
+        # A prediction is drafted from here where the upstream verifies
+        # drafts, and sent on otherwise (the client's prediction_mode auto);
+        # a busy upstream gets the plain call.
+        prediction = prediction_text(body["prediction"]) if "prediction" in body and speculating else None
         if kind == "chat":
             max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-            return client.stream_chat(body["messages"], max_tokens=max_tokens, stop=body.get("stop"))
-        return client.stream(body["prompt"], max_tokens=body.get("max_tokens"), stop=body.get("stop"))
+            return client.stream_chat(body["messages"], max_tokens=max_tokens, stop=body.get("stop"), prediction=prediction)
+        return client.stream(body["prompt"], max_tokens=body.get("max_tokens"), stop=body.get("stop"), prediction=prediction)
 
     def _redact(self, text: str, key: str | None) -> str:
         """No key in anything we say, and no upstream URL (it may name
@@ -689,7 +713,7 @@ class Proxy:
                 yield _event(_chunk(kind, ident, created, model, None, result.finish_reason or "length"))
                 if counting is not None:
                     yield _event({"id": ident, "object": _object(kind, True), "created": created, "model": model, "choices": [],
-                                  "usage": _usage(await counting, result.stats.output_tokens)})
+                                  "usage": _usage(await counting, result.stats)})
                 yield b"data: [DONE]\n\n"
             except (asyncio.CancelledError, GeneratorExit):
                 proxy.metrics.disconnected += 1
@@ -879,8 +903,13 @@ def _object(kind: str, chunk: bool) -> str:
     return "text_completion"
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+def _usage(prompt_tokens: int, stats: GenerationStats) -> dict[str, Any]:
+    completion_tokens = stats.output_tokens
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    if stats.accepted_prediction_tokens is not None:
+        usage["completion_tokens_details"] = {"accepted_prediction_tokens": stats.accepted_prediction_tokens,
+                                              "rejected_prediction_tokens": stats.rejected_prediction_tokens or 0}
+    return usage
 
 
 def _whole_answer(kind: str, model: str, result: GenerationResult, prompt_tokens: int) -> dict[str, Any]:
@@ -890,7 +919,7 @@ def _whole_answer(kind: str, model: str, result: GenerationResult, prompt_tokens
     else:
         choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
     return {"id": _ident(kind), "object": _object(kind, False), "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": _usage(prompt_tokens, result.stats.output_tokens)}
+            "choices": [choice], "usage": _usage(prompt_tokens, result.stats)}
 
 
 def _chunk(kind: str, ident: str, created: int, model: str, content: str | dict | None, finish: str | None) -> dict[str, Any]:

