@@ -66,6 +66,8 @@ def main() -> int:
     parser.add_argument("--load-max-tokens", type=int, default=128)
     parser.add_argument("--max-speculative", type=int, nargs="+", default=[2], help="proxy setting(s) for the load part (one proxied load run each)")
     parser.add_argument("--skip-latency", action="store_true", help="only the load part")
+    parser.add_argument("--with-prediction", action="store_true", help="a third side in the latency part: through the proxy with the prompt's "
+                        "original text (the file it edits) as the Predicted Outputs `prediction`")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -78,23 +80,29 @@ def main() -> int:
         asyncio.run(timed_chat(proxied, warm))
         for prompt in ([] if args.skip_latency else chosen):
             body = {"model": model, "messages": prompt.messages, "temperature": 0, "max_tokens": prompt.max_tokens}
-            direct_s, proxy_s, same = [], [], True
+            predicted = {**body, "prediction": {"type": "content", "content": prompt.prediction}} if args.with_prediction and prompt.prediction else None
+            times: dict[str, list[float]] = {"direct": [], "proxy": [], **({"predicted": []} if predicted else {})}
+            same = True
             for repeat in range(args.repeats):
-                order = [("direct", args.base_url), ("proxy", proxied)]
-                if repeat % 2:
-                    order.reverse()
+                order = [("direct", args.base_url, body), ("proxy", proxied, body)] + ([("predicted", proxied, predicted)] if predicted else [])
+                order = order[repeat % len(order):] + order[: repeat % len(order)]  # each side first in turn
                 texts = {}
-                for side, url in order:
-                    seconds, text, header = asyncio.run(timed_chat(url, body))
-                    (direct_s if side == "direct" else proxy_s).append(seconds)
+                for side, url, request in order:
+                    seconds, text, header = asyncio.run(timed_chat(url, request))
+                    times[side].append(seconds)
                     texts[side] = text
-                same = same and texts["direct"] == texts["proxy"]
+                same = same and len(set(texts.values())) == 1
+            direct_s, proxy_s = times["direct"], times["proxy"]
             row = {"prompt": prompt.name, "workload": prompt.workload, "direct_s": [round(s, 3) for s in direct_s], "proxy_s": [round(s, 3) for s in proxy_s],
                    "median_direct_s": round(statistics.median(direct_s), 3), "median_proxy_s": round(statistics.median(proxy_s), 3),
                    "speedup": round(statistics.median(direct_s) / statistics.median(proxy_s), 3), "identical": same}
+            if predicted:
+                row |= {"predicted_s": [round(s, 3) for s in times["predicted"]], "median_predicted_s": round(statistics.median(times["predicted"]), 3),
+                        "speedup_with_prediction": round(statistics.median(direct_s) / statistics.median(times["predicted"]), 3)}
             report["latency"].append(row)
             print(f"{prompt.name:>18}: direct {row['median_direct_s']:6.2f} s, proxy {row['median_proxy_s']:6.2f} s, "
-                  f"x{row['speedup']:.2f}, identical: {same}", flush=True)
+                  f"x{row['speedup']:.2f}" + (f", with prediction {row['median_predicted_s']:6.2f} s x{row['speedup_with_prediction']:.2f}" if predicted else "")
+                  + f", identical: {same}", flush=True)
         metrics_after_latency = httpx.get(proxied.removesuffix("/v1") + "/metrics").json()
         if args.load_requests:
             requests = [{"model": model, "messages": chosen[i % len(chosen)].messages, "temperature": 0, "max_tokens": args.load_max_tokens}
@@ -124,6 +132,12 @@ def main() -> int:
         "median_speedup_by_workload": {k: round(statistics.median(v), 3) for k, v in by_workload.items()},
         "identical": sum(row["identical"] for row in report["latency"]), "of": len(report["latency"]),
     }
+    with_prediction: dict[str, list[float]] = {}
+    for row in report["latency"]:
+        if "speedup_with_prediction" in row:
+            with_prediction.setdefault(row["workload"], []).append(row["speedup_with_prediction"])
+    if with_prediction:
+        report["summary"]["median_speedup_with_prediction_by_workload"] = {k: round(statistics.median(v), 3) for k, v in with_prediction.items()}
     print(json.dumps(report["summary"]))
     (args.out / "proxy_bench.json").write_text(json.dumps(report, indent=2))
     return 0 if report["summary"]["identical"] == report["summary"]["of"] else 1

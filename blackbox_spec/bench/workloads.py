@@ -36,6 +36,19 @@ class Prompt:
     session: str | None = None
 
     @property
+    def prediction(self) -> str | None:
+        """What a caller would send as Predicted Outputs: the original text
+        the answer edits (the file's code block, or the document to correct);
+        None for prompts that edit nothing."""
+        if self.workload not in ("code-edit", "rewrite", "json"):
+            return None
+        user = self.text.split("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
+        block = re.search(r"```\w*\n.*```", user, flags=re.S)
+        if block:
+            return block.group(0)
+        return user.split(_TEXT, 1)[1] if _TEXT in user else None
+
+    @property
     def messages(self) -> list[dict[str, str]] | None:
         """The same request as chat messages (None for a raw-text prompt)."""
         found = re.findall(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>\n", self.text, flags=re.S)
