@@ -389,6 +389,18 @@ class BranchOutlook:
     saved_s: float  # decoding time the jump is expected to save
     cost_s: float  # the slower batch steps while it lives, and its fixed cost
     life_s: float  # how long walking the whole chain should take
+    segment_tokens: float = 1.0
+    token_s: float = 0.0  # one plain decoding step
+
+    def forecast_given(self, accepted: float) -> float:
+        """The net saving this outlook would have forecast had it known the
+        draft holds for ``accepted`` tokens: the text jumps to the last
+        branch at or before that (one every segment), less the same cost.
+        Comparing it with what a group really saved isolates what the model
+        misses about a group's cost from how far its draft happened to hold."""
+        branches = self.plan.width - 1
+        reached = min(branches, int(accepted // max(1e-6, self.segment_tokens)))
+        return reached * self.segment_tokens * self.token_s - self.cost_s
 
 
 def round_options(
@@ -502,7 +514,7 @@ def branch_outlook(
             if net > best_net:
                 best_net = net
                 plan = Plan("branches", draft_chars=draft_chars, width=width, segment_chars=segment)
-                best = BranchOutlook(plan, saved, cost, (segment_tokens + 2) * costs.step_seconds(width))
+                best = BranchOutlook(plan, saved, cost, (segment_tokens + 2) * costs.step_seconds(width), segment_tokens, base)
     return best
 
 
@@ -538,6 +550,7 @@ class Policy:
         self.group_overhead_s: float | None = None  # None: two tokens' time, until measured
         self.forecast_s = 0.0  # the open group's expected saving
         self.forecast_life_s = 0.0  # ... and how long it should take to walk
+        self.outlook: BranchOutlook | None = None  # the open group's
         self.backoff: dict[str, float] = {}  # tokens to wait after a losing group, per kind
         self.hunch_streak = 0  # the stream's last units, each predicted by the draft before it
         self.resume_at: dict[str, float] = {}
@@ -607,8 +620,13 @@ class Policy:
         self.runs[kind].observe(accepted, missed)
         # What the model misses about a group (the server stalling to prefill
         # new requests, their scheduling, the client's own CPU): learned as a
-        # fixed cost per group from how far each one fell short of its forecast.
-        shortfall = max(0.0, self.forecast_s - saved_s)
+        # fixed cost per group from how far each one fell short of its
+        # forecast, given how far its draft really held.  (A draft that
+        # breaks early is the run lengths' to learn: counted here too, it
+        # once made one bad draft price every later group out, even while
+        # the drafts went on predicting a hundred tokens in a row.)
+        forecast = self.forecast_s if self.outlook is None else self.outlook.forecast_given(accepted)
+        shortfall = max(0.0, forecast - saved_s)
         overhead = self.overhead_s()
         self.group_overhead_s = overhead + 0.3 * (shortfall - overhead)
         if saved_s < 0:
@@ -716,6 +734,7 @@ class Policy:
             return None
         self.forecast_s = outlook.saved_s - outlook.cost_s
         self.forecast_life_s = outlook.life_s
+        self.outlook = outlook
         return outlook.plan
 
     def first_word_s(self, draft_chars: int) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from blackbox_spec._tokens import Unit
-from blackbox_spec.policy import HUNCH_STREAK, TUNING, LinearCost, Policy, RunLengths, ServerCosts, branch_outlook, round_options
+from blackbox_spec.policy import HUNCH_STREAK, TUNING, BranchOutlook, LinearCost, Plan, Policy, RunLengths, ServerCosts, branch_outlook, round_options
 from blackbox_spec.testing import FakeTarget
 from blackbox_spec.verifiers import Verdict
 from blackbox_spec.verifiers.fanout import likely_boundaries, units_through
@@ -208,6 +208,35 @@ def test_a_losing_group_delays_the_next_but_drafts_that_keep_predicting_end_the_
     assert policy.branches(draft, 200, remaining=500) is not None
     policy.observe_hunch(False)
     assert policy.branches(draft, 200, remaining=500) is None
+
+
+def test_a_draft_that_breaks_early_is_not_taken_for_a_costly_group():
+    """A group whose draft broke before its first branch saved nothing, as
+    the model expects of such a draft: only what it cost beyond that is
+    learned as fixed group overhead (once, all of the missed forecast was,
+    and one bad draft priced every later group out)."""
+    draft = "x = 1\n" * 400
+    policy = _policy()
+    policy.costs.observe_step(1, 0.03)
+    policy.costs.batch_ratio[4] = 1.1
+    outlook_before = policy.branches(draft, 200, remaining=500)
+    assert outlook_before is not None and policy.forecast_s > 0.5
+    cost = policy.outlook.cost_s
+    policy.observe_branches("long", accepted=3, missed=True, saved_s=-cost)
+    assert policy.overhead_s() < 0.1  # the forecast given 3 tokens held was this loss
+    policy.resume_at.clear()
+    assert policy.branches(draft, 200, remaining=500) is not None
+    # A group that cost far more than even that forecast does raise it.
+    policy.observe_branches("long", accepted=3, missed=True, saved_s=-cost - 2.0)
+    assert policy.overhead_s() > 0.3
+
+
+def test_forecast_given_counts_the_branches_a_held_draft_reaches():
+    outlook = BranchOutlook(Plan("branches", draft_chars=400, width=4, segment_chars=56), 1.0, 0.2, 1.0, segment_tokens=16, token_s=0.05)
+    assert outlook.forecast_given(0) == -0.2
+    assert outlook.forecast_given(15) == -0.2  # short of the first branch: nothing jumped
+    assert abs(outlook.forecast_given(40) - (2 * 16 * 0.05 - 0.2)) < 1e-9
+    assert abs(outlook.forecast_given(1000) - (3 * 16 * 0.05 - 0.2)) < 1e-9  # at most the last branch
 
 
 def test_segments_are_short_where_drafts_break_often_and_long_where_they_hold():
