@@ -291,6 +291,25 @@ async def probe_chat(api: TargetAPI, known: ContinueCheck | None = None) -> Chat
     return await _check_continuing(api, check, round_trip)
 
 
+_PREDICTION_PROBE = {"type": "content", "content": "1 2 3 4 5 6 7 8 9 10 11 12"}
+
+
+async def probe_predictions(api: TargetAPI) -> bool:
+    """Does the server speculate on a Predicted Outputs ``prediction`` itself?
+    One small call with one: a server that does reports the predicted tokens
+    it accepted and rejected in its usage (OpenAI's); one that ignores the
+    field reports neither, or zeros (vLLM, llama.cpp), and one that refuses
+    it answers 4xx."""
+    try:
+        answer = await api.chat(_PROBE_MESSAGES, max_tokens=8, extra={"prediction": _PREDICTION_PROBE})
+    except TargetHTTPError as exc:
+        if exc.status_code not in _REFUSALS:
+            raise
+        return False
+    usage = answer.usage
+    return (usage.accepted_prediction_tokens or 0) + (usage.rejected_prediction_tokens or 0) > 0
+
+
 async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: float | None) -> ChatSupport:
     """Does the server continue ``check.partial`` into ``check.rest``, under
     which fields, and may its template and prompt logprobs be trusted?

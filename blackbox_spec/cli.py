@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "drafted from first, here (the answer stays the plain call's); the stats report the prediction tokens accepted and rejected")
     run.add_argument("--prediction-mode", choices=["auto", "local", "server"], default="auto", help="where --prediction is used: local = drafted from here; "
                      "server = sent as `prediction` to an API that speculates on it itself (OpenAI's gpt-4o/4.1), the turn decoded plainly here (--chat only); "
-                     "auto = here wherever the server can verify drafts, else sent (default: auto)")
+                     "auto = sent where a probe shows the server uses predictions itself (its usage counts predicted tokens; probed once per server, kept in the profile), else drafted here (default: auto)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     run.add_argument("--quiet", action="store_true", help="do not print the stats line on stderr")
     run.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="colour text confirmed from accepted drafts green: auto = on a terminal unless NO_COLOR is set (default: auto)")

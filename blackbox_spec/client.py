@@ -25,7 +25,7 @@ from ._stats import GenerationResult, GenerationStats
 from ._retry import RetryPolicy
 from ._stopping import DEFAULT_RULE, RULES, single_stop_rule
 from ._target import StreamPiece, TargetAPI, resolve_settings
-from .chat import ChatSupport, ChatTurn, ContinueCheck, check_messages, probe_chat
+from .chat import ChatSupport, ChatTurn, ContinueCheck, check_messages, probe_chat, probe_predictions
 from .drafters import Drafter, DrafterFactory, SessionIndex, drafter_factory
 from .drafters.prediction import PredictionDrafter
 from .orchestrator import Output, decode_plainly_from_start, speculate
@@ -171,6 +171,7 @@ class SpecClient:
         self.capabilities: Capabilities | None = None
         self.costs: ServerCosts | None = None  # measured server costs, kept across generations
         self.chat_support: ChatSupport | None = None  # the same, for /chat/completions
+        self.predicted_outputs: bool | None = None  # does the server speculate on `prediction` itself?
         self.chat_costs: ServerCosts | None = None
         # Which stop string wins when several complete in one token: given,
         # or learned once from the server (``probe.probe_stop_rule``) the
@@ -311,6 +312,36 @@ class SpecClient:
                 if self.chat_costs is None:
                     self.chat_costs = ServerCosts(self.chat_support.round_trip_s)
         return self.chat_support
+
+    async def probe_predictions(self) -> bool:
+        """Whether the server speculates on a Predicted Outputs ``prediction``
+        itself (its usage reports what it accepted of one): learned once per
+        server and kept in the profile, so only a first-ever process pays
+        the call.  (No lock: it runs beside the chat probe, and a second
+        probe would only repeat a small call.)"""
+        await self.ensure_model()
+        if self.predicted_outputs is None:
+            self._open_profile()
+            profile = self.profiles.profile
+            stored = profile.predicted_outputs if profile is not None else None
+            self.predicted_outputs = stored if isinstance(stored, bool) else await probe_predictions(self.api)
+            if profile is not None and profile.predicted_outputs != self.predicted_outputs:
+                profile.predicted_outputs = self.predicted_outputs
+                self._keep_profile()
+        return self.predicted_outputs
+
+    async def _prediction_goes_to_server(self) -> bool:
+        """``prediction_mode`` auto: the server's own Predicted Outputs only
+        where the probe shows it honours them; else drafted here.  (Where
+        the chat endpoint is unprobed too, both probes run at once.)"""
+        if self.prediction_mode != "auto":
+            return self.prediction_mode == "server"
+        if self.strategy == "plain":
+            return True  # nothing is drafted here: whatever the server makes of it
+        if self.chat_support is None and self.predicted_outputs is None and not await self._chat_profiled():
+            honoured, _ = await asyncio.gather(self.probe_predictions(), self.probe_chat())
+            return honoured
+        return await self.probe_predictions()
 
     def _stored_check(self) -> ContinueCheck | None:
         """The chat probe's continuation from the profile, if one is kept."""
@@ -590,12 +621,11 @@ class SpecClient:
             # The conversation ends with an assistant message to continue:
             # even plain decoding needs to know how this server does that.
             turn.support = await self.probe_chat()
-        if prediction is not None and self.prediction_mode != "local":
-            if self.prediction_mode == "auto" and self.strategy != "plain" and (await self.probe_chat()).reason is None:
-                stats.note("a prediction was given: drafted from here (this chat endpoint verifies drafts)")
-            else:
-                out.prediction = None
-                turn.extra["prediction"] = {"type": "content", "content": prediction}
+        if prediction is not None and await self._prediction_goes_to_server():
+            out.prediction = None
+            turn.extra["prediction"] = {"type": "content", "content": prediction}
+        elif prediction is not None and self.prediction_mode == "auto":
+            stats.note("a prediction was given: drafted from here (the server does not speculate on one itself)")
         if prediction is not None and out.prediction is None:
             reason = "a prediction was given: the server speculates on it (Predicted Outputs), so the turn is decoded plainly here"
         elif turn.ends_with_assistant and turn.prompt == turn.head:

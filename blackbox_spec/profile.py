@@ -90,6 +90,9 @@ class ServerProfile:
     # next process checks it again in one round instead of two.  Checked,
     # never trusted: exactness rests on the check, not on this.
     chat_check: dict[str, Any] | None = None
+    # Whether the server speculates on a Predicted Outputs ``prediction``
+    # itself (``chat.probe_predictions``); None: not probed yet.
+    predicted_outputs: bool | None = None
     generations: int = 0
     probed_at: float = 0.0  # when the client's probe last measured it
     saved_at: float = 0.0

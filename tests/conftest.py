@@ -82,3 +82,10 @@ def client_for(**kwargs) -> SpecClient:
     kwargs.setdefault("model", "fake-model")
     kwargs.setdefault("retries", RetryPolicy(sleep=no_sleep))
     return SpecClient(BASE_URL, API_KEY, **kwargs)
+
+
+def turn_requests(fake: FakeTarget) -> list[dict]:
+    """The fake's requests, less the client's Predicted Outputs probe."""
+    from blackbox_spec.chat import _PREDICTION_PROBE
+
+    return [r for r in fake.requests if r.get("prediction") != _PREDICTION_PROBE]

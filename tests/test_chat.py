@@ -262,6 +262,7 @@ async def test_bad_messages_are_one_line_errors(served, messages, message):
 
 
 async def test_prediction_is_sent_and_its_usage_reported(served):
+    served.predicted_outputs = True
     messages = chat_of(PROMPTS["code"])
     truth = plain_chat(served, messages, 40)[0]
     prediction = truth[:50] + "something else entirely"

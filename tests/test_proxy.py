@@ -23,7 +23,7 @@ from blackbox_spec.bench.load import run_load
 from blackbox_spec.proxy import Proxy, passthrough_reason, running
 from blackbox_spec.testing import FakeTarget
 
-from .conftest import PROMPTS, chat_of, in_flight, over_http
+from .conftest import PROMPTS, chat_of, in_flight, over_http, turn_requests
 
 UPSTREAM = "http://upstream.test/v1"
 
@@ -151,7 +151,22 @@ async def test_a_greedy_request_with_a_prediction_is_drafted_from_it(sdks, upstr
             assert raw.headers["x-bspec"].startswith("speculative") and answer.choices[0].message.content == truth
             details = answer.usage.completion_tokens_details
             assert details.accepted_prediction_tokens >= 70 and details.rejected_prediction_tokens <= 10
-        assert not any("prediction" in r for r in upstream.requests[before:])
+        assert not any("prediction" in r for r in turn_requests(upstream)[before:])
+
+
+async def test_an_upstream_with_predicted_outputs_gets_the_prediction(sdks, upstream):
+    """Where the upstream's usage shows it speculates on predictions itself
+    (OpenAI's), the proxy sends the prediction on and reports its counts."""
+    via, direct = sdks
+    upstream.predicted_outputs = True
+    messages = chat_of(PROMPTS["code"] * 2)
+    truth = (await direct.chat.completions.create(model="fake-model", messages=messages, temperature=0, max_tokens=80)).choices[0].message.content
+    before = len(turn_requests(upstream))
+    answer = await via.chat.completions.create(model="fake-model", messages=messages, temperature=0, max_tokens=80,
+                                               prediction={"type": "content", "content": truth})
+    assert answer.choices[0].message.content == truth
+    assert [r["prediction"]["content"] for r in turn_requests(upstream)[before:] if "prediction" in r] == [truth]
+    assert answer.usage.completion_tokens_details.accepted_prediction_tokens == len(upstream.tokenizer.encode(truth))
 
 
 class _Chunks(httpx.AsyncByteStream):

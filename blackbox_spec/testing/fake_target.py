@@ -363,6 +363,9 @@ class FakeTarget:
     chat_prefill: str = "vllm"
     chat_trims: bool = False
     strict_fields: bool = False
+    # OpenAI's Predicted Outputs: usage reports the predicted tokens the
+    # answer kept and the rest (self-hosted servers ignore ``prediction``).
+    predicted_outputs: bool = False
     # How logprobs show tokens that split characters (``forms.FORMS``:
     # "vllm-legacy", "vllm" for vLLM 0.32, "openai", "token-id", "llama"),
     # and which stop string wins when several complete at once
@@ -605,7 +608,7 @@ class FakeTarget:
                                   _prompt_ids=prompt_ids, _generated_ids=out))
         usage: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out), "total_tokens": len(prompt_ids) + len(out)}
         prediction = body.get("prediction")
-        if isinstance(prediction, dict) and isinstance(prediction.get("content"), str):
+        if self.predicted_outputs and isinstance(prediction, dict) and isinstance(prediction.get("content"), str):
             # Predicted Outputs' accounting, simplified: the predicted tokens
             # the output begins with are accepted, the rest rejected.
             predicted = tok.encode(prediction["content"])
