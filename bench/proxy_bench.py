@@ -11,7 +11,9 @@ the official openai SDK to the upstream directly and through the proxy.
         --workload code-edit rewrite --repeats 2 --out bench/results/proxy-vllm
 
 The proxy runs in this process (uvicorn in a thread) with a fresh client:
-one short warm-up request first (the chat probe), excluded from the figures.
+one short warm-up request first (the chat probe), excluded from the figures;
+with ``--fresh-proxy``, a new proxy for every proxied request and no warm-up
+(what a user's first request to a fresh ``bspec serve`` costs, probes included).
 The drafter is ngram by default: the suffix drafter would remember each
 answer from the previous repeat of the same prompt, which measures memory,
 not drafting (``--drafter suffix`` shows that, on purpose).
@@ -68,16 +70,23 @@ def main() -> int:
     parser.add_argument("--skip-latency", action="store_true", help="only the load part")
     parser.add_argument("--with-prediction", action="store_true", help="a third side in the latency part: through the proxy with the prompt's "
                         "original text (the file it edits) as the Predicted Outputs `prediction`")
+    parser.add_argument("--fresh-proxy", action="store_true", help="a new proxy (new client, nothing learned in this process; "
+                        "the stored server profile, as a user's fresh `bspec serve` finds it) for every proxied request, with no warm-up")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = asyncio.run(model_of(args.base_url))
     chosen = [p for p in prompts(args.workload, args.prompt) if p.messages]
-    proxy = Proxy(args.base_url, None, client_options={"drafter": args.drafter}, max_concurrency=args.clients, max_speculative=max(args.max_speculative))
-    report: dict = {"upstream": args.base_url, "model": model, "drafter": args.drafter, "repeats": args.repeats, "latency": [], "load": None}
+    def new_proxy() -> Proxy:
+        return Proxy(args.base_url, None, client_options={"drafter": args.drafter}, max_concurrency=args.clients, max_speculative=max(args.max_speculative))
+
+    proxy = new_proxy()
+    report: dict = {"upstream": args.base_url, "model": model, "drafter": args.drafter, "repeats": args.repeats, "fresh_proxy": args.fresh_proxy,
+                    "latency": [], "load": None}
     with running(proxy) as proxied:
-        warm = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "temperature": 0, "max_tokens": 4}
-        asyncio.run(timed_chat(proxied, warm))
+        if not args.fresh_proxy:
+            warm = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "temperature": 0, "max_tokens": 4}
+            asyncio.run(timed_chat(proxied, warm))
         for prompt in ([] if args.skip_latency else chosen):
             body = {"model": model, "messages": prompt.messages, "temperature": 0, "max_tokens": prompt.max_tokens}
             predicted = {**body, "prediction": {"type": "content", "content": prompt.prediction}} if args.with_prediction and prompt.prediction else None
@@ -88,7 +97,11 @@ def main() -> int:
                 order = order[repeat % len(order):] + order[: repeat % len(order)]  # each side first in turn
                 texts = {}
                 for side, url, request in order:
-                    seconds, text, header = asyncio.run(timed_chat(url, request))
+                    if args.fresh_proxy and side != "direct":
+                        with running(new_proxy()) as url:
+                            seconds, text, header = asyncio.run(timed_chat(url, request))
+                    else:
+                        seconds, text, header = asyncio.run(timed_chat(url, request))
                     times[side].append(seconds)
                     texts[side] = text
                 same = same and len(set(texts.values())) == 1
