@@ -548,7 +548,6 @@ class Policy:
             # instead of proving its drafts again before echo is tried.
             self.runs = {k: RunLengths(v.prior_run, v.accepted / 2, v.misses / 2) for k, v in self.costs.runs.items()}
         self.group_overhead_s: float | None = None  # None: two tokens' time, until measured
-        self.forecast_s = 0.0  # the open group's expected saving
         self.forecast_life_s = 0.0  # ... and how long it should take to walk
         self.outlook: BranchOutlook | None = None  # the open group's
         self.backoff: dict[str, float] = {}  # tokens to wait after a losing group, per kind
@@ -625,7 +624,7 @@ class Policy:
         # breaks early is the run lengths' to learn: counted here too, it
         # once made one bad draft price every later group out, even while
         # the drafts went on predicting a hundred tokens in a row.)
-        forecast = self.forecast_s if self.outlook is None else self.outlook.forecast_given(accepted)
+        forecast = 0.0 if self.outlook is None else self.outlook.forecast_given(accepted)
         shortfall = max(0.0, forecast - saved_s)
         overhead = self.overhead_s()
         self.group_overhead_s = overhead + 0.3 * (shortfall - overhead)
@@ -732,10 +731,14 @@ class Policy:
         )
         if outlook is None:
             return None
-        self.forecast_s = outlook.saved_s - outlook.cost_s
         self.forecast_life_s = outlook.life_s
         self.outlook = outlook
         return outlook.plan
+
+    @property
+    def forecast_s(self) -> float:
+        """The last group's expected net saving (0 before any)."""
+        return 0.0 if self.outlook is None else self.outlook.saved_s - self.outlook.cost_s
 
     def first_word_s(self, draft_chars: int) -> float:
         """Long enough for a branch's first token on a server that runs it
