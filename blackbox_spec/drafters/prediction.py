@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+from ..policy import PREDICTION_MATCH
 from .base import Drafter
 from .ngram import follow_copy
 
@@ -70,10 +71,12 @@ class PredictionDrafter:
     @property
     def last_match(self) -> int:
         # The policy's measure of a draft's strength: a copy of the
-        # prediction is as strong as a long match (it is what the caller
-        # says the output will be); otherwise the fallback's own.
+        # prediction is its own kind (it is what the caller says the output
+        # will be), re-aligned by a match of the output's last characters
+        # too; the copy resumed after a skipped word is a guess until the
+        # target follows it.  Otherwise the fallback's own.
         if self.from_prediction:
-            return 10_000 if self.pos is not None and not self._realigned else -1
+            return PREDICTION_MATCH if self.pos is not None and not self._guessed else -1
         return getattr(self.fallback, "last_match", 0)
 
     def start(self, prompt: str) -> None:
@@ -82,7 +85,7 @@ class PredictionDrafter:
         self.left_at = 0  # where the output last left the prediction
         self.kept_chars = 0
         self.from_prediction = False
-        self._realigned = False
+        self._guessed = False  # the copy resumed after a skipped word, not yet followed
         self._looked_at = -1  # len(written) when a re-alignment last failed
         self._skipped = True  # whether the word the output left the prediction in may no longer be skipped
         self._followed = 0  # characters the output followed since the copy last resumed
@@ -112,9 +115,9 @@ class PredictionDrafter:
             # after a failed guess, nor from an unrelated prediction's start).
             self._skipped = self._followed < MIN_REALIGN
             self._followed = 0
-            self.left_at, self.pos = self.pos, None
+            self.left_at, self.pos, self._guessed = self.pos, None, False
         elif k:
-            self._realigned = False
+            self._guessed = False
 
     def outcome(self, draft: str, accepted_chars: int) -> None:
         if self.fallback is not None and not self.from_prediction:
@@ -132,10 +135,13 @@ class PredictionDrafter:
                 # rename or replace a word, and the text goes on as before
                 # after it.  Tried once per departure.
                 word = _WORD.match(self.prediction, self.left_at)
-                found = word.end() if word else None
-                self._skipped = True
+                # Left just after a whole word ("parseQuery|(url)" written as
+                # "parseQueryString"): the rename grew it, and the copy
+                # resumes where it was left.
+                found = word.end() if word else self.left_at
+                self._skipped = self._guessed = True
             if found is None:
                 self._looked_at = len(self.written)
             else:
-                self.pos, self._realigned, self._followed = found, True, MIN_REALIGN if not self._skipped else 0
+                self.pos, self._followed = found, MIN_REALIGN if not self._skipped else 0
         return self.pos
