@@ -123,13 +123,13 @@ async def test_vllm_with_a_gguf_draft_model_is_exact(vllm_target, name):
 
 async def test_vllm_plain_client_matches_a_raw_http_call(vllm_target):
     """The baseline itself: our plain (streamed) call against a bare request."""
-    for prompt in PROMPTS[:3]:
-        async with SpecClient(vllm_target.base_url, model=vllm_target.model, drafter=None) as plain_client:
+    async with SpecClient(vllm_target.base_url, model=vllm_target.model, drafter=None) as plain_client, \
+            httpx.AsyncClient(timeout=300) as http:
+        for prompt in PROMPTS[:3]:
             ours = await plain_client.generate(prompt.text, max_tokens=48)
-        body = {"model": vllm_target.model, "prompt": prompt.text, "max_tokens": 48, "temperature": 0}
-        async with httpx.AsyncClient(timeout=300) as http:
+            body = {"model": vllm_target.model, "prompt": prompt.text, "max_tokens": 48, "temperature": 0}
             raw = (await http.post(vllm_target.base_url + "/completions", json=body)).json()["choices"][0]["text"]
-        await assert_same(vllm_target, prompt.name, prompt.text, raw, ours.text, "plain vs raw", 48)
+            await assert_same(vllm_target, prompt.name, prompt.text, raw, ours.text, "plain vs raw", 48)
 
 
 async def test_vllm_probe_finds_echo_and_logprobs(vllm_target):
