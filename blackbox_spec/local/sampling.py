@@ -141,6 +141,53 @@ def rejection_sample(
     return tokens, n_accepted + 1
 
 
+def multi_draft_rejection(
+    p: torch.Tensor,  # [B, V] the target's distribution after a tree node
+    child_tokens: torch.Tensor,  # [B, m] the node's children x_j (NO_TOKEN: no child there)
+    child_q: torch.Tensor,  # [B, m, V] the q_j each x_j was drawn from
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recursive rejection sampling over a node's children (SpecInfer;
+    EAGLE's tree): the chosen child [B] (-1: none) and the emitted token [B].
+
+    Children are tried in order, each against what is left of p: x_j is
+    accepted when u_j < r(x_j) / q_j(x_j), with r = p at first; after a
+    rejection r becomes the residual (r - q_j)+ / Σ, as in
+    :func:`rejection_sample`.  When no child is accepted, the token is drawn
+    from the last r.  The token is distributed as p whenever each x_j was
+    drawn from its q_j (independently): siblings sampled from one head, with
+    repeats, or picked deterministically, as top-k does, with q_j one-hot at
+    x_j (then x_j is accepted with probability r(x_j), and r loses x_j).
+    At temperature 0 p is one-hot: a child is chosen only if it is p's argmax.
+
+    >>> p = torch.tensor([[0.0, 1.0, 0.0]])
+    >>> one_hot = torch.eye(3)[[2, 1]].unsqueeze(0)   # two top-k picks: token 2, then 1
+    >>> multi_draft_rejection(p, torch.tensor([[2, 1]]), one_hot)
+    (tensor([1]), tensor([1]))
+    """
+    rows, m = child_tokens.shape
+    r = p.clone()
+    chosen = torch.full((rows,), -1, dtype=torch.int64, device=p.device)
+    token = torch.full((rows,), NO_TOKEN, dtype=torch.int64, device=p.device)
+    u = torch.rand((rows, m), generator=generator, device=p.device, dtype=p.dtype)
+    for j in range(m):
+        x = child_tokens[:, j]
+        present = (x != NO_TOKEN) & (chosen < 0)
+        index = x.clamp_min(0).unsqueeze(-1)
+        r_x = r.gather(-1, index).squeeze(-1)
+        q_x = child_q[:, j].gather(-1, index).squeeze(-1)
+        accepted = present & (u[:, j] * q_x < r_x)
+        chosen = torch.where(accepted, j, chosen)
+        token = torch.where(accepted, x, token)
+        rejected = (present & ~accepted).unsqueeze(-1)
+        residual = (r - child_q[:, j]).clamp_min(0)
+        # A zero residual had rejection probability 0: only rounding gets here.
+        mass = residual.sum(-1, keepdim=True)
+        r = torch.where(rejected & (mass > 0), residual / mass.clamp_min(1e-30), r)
+    last = sample(r, generator)
+    return chosen, torch.where(chosen < 0, last, token)
+
+
 def expected_acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """β = Σ_x min(p(x), q(x)) per row: the chance that a draft token from q is
     accepted (the paper's α is its mean).  p, q: [..., V] → [...]."""

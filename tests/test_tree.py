@@ -1,0 +1,315 @@
+"""Draft trees (Medusa, EAGLE): the multi-draft rejection rule on explicit p
+and q tables, the tree mask and positions against single-path forwards, and
+the greedy walk against plain greedy.
+
+The distribution tests draw 100k rows in one batch.  The target and draft are
+Markov tables P[prev, next] and Q[prev, next] (a child's tokens depend on
+its parent's, as in a real tree), and every round builds a tree of 3
+children below the last token and 2 below each of those, drawn from Q
+(i.i.d., so siblings repeat often: 6 tokens), or picked as Q's top-k.  The
+output's first token and the joint of its first three are checked against P
+with a chi-square test (p > 0.01), and a control with a rule told the wrong
+q must be rejected (p < 1e-6).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+import torch  # the hf extra: the README's test command installs it
+
+from blackbox_spec.local.sampling import NO_TOKEN, SamplingParams, multi_draft_rejection, sampling_probs
+from blackbox_spec.local.tree import ROOT, DraftTree, ancestor_mask, depths, greedy_walk, tree_positions
+
+from .chi_square import chi_square_p_value, joint_counts
+
+SAMPLES = 100_000
+VOCAB = 6
+WIDTHS = (3, 2)  # children of the root, then of each of those
+START = 0  # the token before the first round
+SETTINGS = {
+    "T=1.0": SamplingParams(temperature=1.0),
+    "T=0.7": SamplingParams(temperature=0.7),
+    "top-k=3": SamplingParams(temperature=1.0, top_k=3),
+    "top-p=0.8": SamplingParams(temperature=1.0, top_p=0.8),
+}
+
+
+def markov_tables(params: SamplingParams, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """P and Q [V, V]: the next token's distribution given the last one; q
+    is p plus noise, so drafts are often but not always right."""
+    generator = torch.Generator().manual_seed(seed)
+    p_logits = 1.2 * torch.randn((VOCAB, VOCAB), generator=generator, dtype=torch.float64)
+    q_logits = p_logits + 1.0 * torch.randn((VOCAB, VOCAB), generator=generator, dtype=torch.float64)
+    return sampling_probs(p_logits, params), sampling_probs(q_logits, params)
+
+
+def children(Q: torch.Tensor, parents: torch.Tensor, width: int, generator, *, top_k: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``width`` children below each of ``parents`` [rows, ...] and the q
+    each was drawn from: i.i.d. from Q[parent], or Q[parent]'s top-k with q
+    one-hot at the pick (a deterministic choice)."""
+    rows = Q[parents]  # [..., V]
+    if top_k:
+        picks = rows.topk(width, dim=-1).indices
+        q = torch.nn.functional.one_hot(picks, VOCAB).to(Q.dtype)
+    else:
+        picks = torch.multinomial(rows.reshape(-1, VOCAB), width, replacement=True, generator=generator).view(*parents.shape, width)
+        q = rows.unsqueeze(-2).expand(*parents.shape, width, VOCAB)
+    return picks, q
+
+
+def tree_samples(P, Q, generator, *, n_tokens=3, top_k=False, q_told=None, rows=SAMPLES) -> torch.Tensor:
+    """Rows of ``n_tokens`` tokens made round by round: a two-level tree
+    below each row's last token, walked with :func:`multi_draft_rejection`
+    level by level, and a bonus token from P after a leaf.  ``q_told``
+    (default: the q the children came from) is what the rule is told."""
+    out = torch.full((rows, n_tokens + len(WIDTHS) + 1), NO_TOKEN)
+    count = torch.zeros(rows, dtype=torch.int64)
+    last = torch.full((rows,), START)
+    every = torch.arange(rows)
+    while bool((count < n_tokens).any()):
+        level1, q1 = children(Q, last, WIDTHS[0], generator, top_k=top_k)
+        level2, q2 = children(Q, level1, WIDTHS[1], generator, top_k=top_k)  # [rows, 3, 2]
+        if q_told is not None:
+            q1, q2 = q_told[last].unsqueeze(1).expand_as(q1), q_told[level1].unsqueeze(2).expand_as(q2)
+        walking = count < n_tokens
+        state, kids, q = last, level1, q1
+        for depth in range(len(WIDTHS) + 1):
+            if depth == len(WIDTHS):  # past a leaf: the bonus token
+                chosen, token = torch.full((rows,), -1), torch.multinomial(P[state], 1, generator=generator).squeeze(-1)
+            else:
+                chosen, token = multi_draft_rejection(P[state], kids, q, generator)
+            out[every[walking], count[walking]] = token[walking]
+            state = torch.where(walking, token, state)
+            if depth < len(WIDTHS) - 1:
+                pick = chosen.clamp_min(0)
+                kids, q = level2[every, pick], q2[every, pick]
+            count = count + walking.long()
+            walking = walking & (chosen >= 0)
+        last = state
+    return out[:, :n_tokens]
+
+
+def joint_target(P: torch.Tensor, n_tokens: int = 3) -> torch.Tensor:
+    joint = P[START]
+    for _ in range(1, n_tokens):
+        joint = joint.unsqueeze(-1) * P  # P[prev, next] broadcast on the last token
+    return joint
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_a_tree_walk_follows_the_target_first_token_and_first_three(setting):
+    P, Q = markov_tables(SETTINGS[setting])
+    samples = tree_samples(P, Q, torch.Generator().manual_seed(1))
+    assert (samples >= 0).all()
+    assert chi_square_p_value(torch.bincount(samples[:, 0], minlength=VOCAB), P[START]) > 0.01
+    assert chi_square_p_value(joint_counts(samples, VOCAB), joint_target(P)) > 0.01
+    # Not trivially so: the draft's own distribution is far from the target's.
+    assert chi_square_p_value(joint_counts(samples, VOCAB), joint_target(Q)) < 1e-6
+
+
+def test_siblings_repeat_and_the_walk_still_follows_the_target():
+    """i.i.d. children repeat tokens among siblings (3 draws of 6 tokens):
+    check that they did, often, in the draws the test above relies on."""
+    _, Q = markov_tables(SETTINGS["T=1.0"])
+    picks, _ = children(Q, torch.full((10_000,), START), 3, torch.Generator().manual_seed(1), top_k=False)
+    repeated = (picks[:, 0] == picks[:, 1]) | (picks[:, 0] == picks[:, 2]) | (picks[:, 1] == picks[:, 2])
+    assert float(repeated.float().mean()) > 0.3
+
+
+@pytest.mark.parametrize("setting", ["T=1.0", "top-p=0.8"])
+def test_deterministic_top_k_children_with_one_hot_q_follow_the_target(setting):
+    P, Q = markov_tables(SETTINGS[setting])
+    samples = tree_samples(P, Q, torch.Generator().manual_seed(2), top_k=True)
+    assert chi_square_p_value(joint_counts(samples, VOCAB), joint_target(P)) > 0.01
+
+
+def test_a_rule_told_the_wrong_q_is_caught():
+    """The control: children come from Q, but the rule is told they came
+    from a sharper Q' (a temperature bug).  The same test must reject it."""
+    P, Q = markov_tables(SETTINGS["T=1.0"])
+    _, sharper = markov_tables(SamplingParams(temperature=0.5))
+    samples = tree_samples(P, Q, torch.Generator().manual_seed(1), q_told=sharper)
+    assert chi_square_p_value(joint_counts(samples, VOCAB), joint_target(P)) < 1e-6
+
+
+def test_at_temperature_zero_the_walk_is_greedy():
+    P, Q = markov_tables(SamplingParams(temperature=0))
+    samples = tree_samples(P, Q, torch.Generator().manual_seed(3), rows=500)
+    greedy = [START]
+    for _ in range(3):
+        greedy.append(int(P[greedy[-1]].argmax()))
+    assert (samples == torch.tensor(greedy[1:])).all()
+
+
+def test_a_child_is_accepted_with_the_chance_the_rule_gives():
+    """One child drawn from q: accepted with probability Σ min(p, q), the
+    paper's β; two one-hot picks: the first with p(x1), else the second with
+    p(x2) / (1 - p(x1))."""
+    generator = torch.Generator().manual_seed(4)
+    p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64).expand(SAMPLES, 3)
+    q = torch.tensor([0.2, 0.2, 0.6], dtype=torch.float64)
+    x = torch.multinomial(q.expand(SAMPLES, 3), 1, generator=generator)
+    chosen, _ = multi_draft_rejection(p, x, q.expand(SAMPLES, 1, 3), generator)
+    assert abs(float((chosen == 0).double().mean()) - float(torch.minimum(p[0], q).sum())) < 0.01
+    picks = torch.tensor([[0, 1]]).expand(SAMPLES, 2)
+    chosen, _ = multi_draft_rejection(p, picks, torch.eye(3, dtype=torch.float64)[[0, 1]].expand(SAMPLES, 2, 3), generator)
+    assert abs(float((chosen == 0).double().mean()) - 0.5) < 0.01
+    assert abs(float((chosen == 1).double().mean()) - 0.5 * 0.3 / 0.5) < 0.01
+    missing = torch.tensor([[NO_TOKEN, NO_TOKEN]])
+    chosen, token = multi_draft_rejection(p[:1], missing, q.expand(1, 2, 3), generator)
+    assert int(chosen) == -1 and 0 <= int(token) < 3  # no children: a draw from p
+
+
+# -- the tree's shape, mask and positions ------------------------------------------
+
+
+def random_tree(generator: torch.Generator, nodes: int = 12, vocab: int = 40) -> DraftTree:
+    parents = [ROOT] + [int(torch.randint(-1, i, (1,), generator=generator)) for i in range(1, nodes)]
+    return DraftTree(torch.randint(0, vocab, (nodes,), generator=generator), torch.tensor(parents))
+
+
+def test_the_mask_lets_a_node_see_exactly_its_path():
+    tree = random_tree(torch.Generator().manual_seed(5))
+    mask = ancestor_mask(tree.parents)
+    for node in range(len(tree)):
+        seen = {int(j) - 1 for j in mask[node + 1].nonzero().flatten()}
+        assert seen == {ROOT, *tree.path(node)}
+        assert len(tree.path(node)) == int(depths(tree.parents)[node])
+    assert tree_positions(tree.parents, 7)[0] == 7
+
+
+def test_a_tree_whose_parent_comes_later_is_refused():
+    with pytest.raises(ValueError, match="earlier node"):
+        DraftTree(torch.tensor([1, 2]), torch.tensor([1, ROOT]))
+
+
+def test_one_tree_forward_equals_a_forward_of_each_path():
+    """The target over the root and all nodes at once (a 4D mask, tree
+    positions, after a cached context) gives every node the logits a plain
+    forward of its own path gives."""
+    from .tiny_models import tiny_model
+
+    model, _ = tiny_model()
+    tree = random_tree(torch.Generator().manual_seed(6), nodes=10, vocab=200)
+    context, root = torch.tensor([[5, 9, 13, 20, 7]]), 33
+    with torch.inference_mode():
+        cache = model(input_ids=context, use_cache=True).past_key_values
+        n, past = len(tree), context.shape[1]
+        allowed = torch.cat([torch.ones((n + 1, past), dtype=torch.bool), ancestor_mask(tree.parents)], dim=1)
+        mask = torch.zeros((1, 1, n + 1, past + n + 1), dtype=torch.float64).masked_fill(~allowed, torch.finfo(torch.float64).min)
+        ids = torch.cat([torch.tensor([root]), tree.tokens]).unsqueeze(0)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=tree_positions(tree.parents, past).unsqueeze(0),
+                       past_key_values=copy.deepcopy(cache), use_cache=True).logits[0]
+        for node in range(ROOT, n):
+            path = [] if node == ROOT else tree.path(node)
+            alone = model(input_ids=torch.cat([context[0], torch.tensor([root]), tree.tokens[path]]).unsqueeze(0)).logits[0, -1]
+            assert torch.allclose(logits[node + 1], alone, atol=1e-9)
+
+
+def test_the_greedy_walk_is_plain_greedy_on_the_tiny_model():
+    """Greedy over a tree of the model's own top-2 guesses yields the same
+    tokens as plain greedy decoding, and more than one token per forward."""
+    from .tiny_models import tiny_model
+
+    model, _ = tiny_model()
+    context = torch.tensor([5, 9, 13, 20, 7])
+    with torch.inference_mode():
+        def next_of(seq):
+            return int(model(input_ids=seq.unsqueeze(0)).logits[0, -1].argmax())
+
+        plain = context.clone()
+        for _ in range(3):
+            plain = torch.cat([plain, torch.tensor([next_of(plain)])])
+        # A tree of the true first token and a wrong one, each with its true
+        # successor and a wrong one.
+        first = next_of(context)
+        second = next_of(torch.cat([context, torch.tensor([first])]))
+        tree = DraftTree(torch.tensor([(first + 1) % 300, first, second, (second + 1) % 300]), torch.tensor([ROOT, ROOT, 1, 1]))
+        # The tree's root is the last context token; its targets' tokens:
+        target_next = []
+        for node in range(ROOT, len(tree)):
+            path = [] if node == ROOT else tree.path(node)
+            target_next.append(next_of(torch.cat([context, tree.tokens[path]])))
+        accepted, bonus = greedy_walk(tree, torch.tensor(target_next))
+    assert accepted == [1, 2]
+    assert [int(t) for t in tree.tokens[accepted]] + [bonus] == plain[len(context):].tolist()
+
+
+# -- the tree loop in local target mode --------------------------------------------
+
+
+class GuessingProposer:
+    """A tree of depth 3 below the root: on one branch the target's own
+    greedy tokens (found by running the tiny target, as a perfect head
+    would), beside it wrong siblings; q one-hot at each pick."""
+
+    def __init__(self, model, context: list[int], wrong_every: int = 3):
+        self.model, self.context, self.rounds, self.wrong_every = model, list(context), 0, wrong_every
+
+    def propose(self, features, root, sampling, generator):
+        self.rounds += 1
+        seq, tokens, parents = self.context_so_far + [root], [], []
+        parent = ROOT
+        for depth in range(3):
+            with torch.inference_mode():
+                right = int(self.model(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+            if self.rounds % self.wrong_every == 0 and depth == 1:
+                right = (right + 1) % 300  # this round's draft breaks at depth 2
+            tokens += [(right + 7) % 300, right]
+            parents += [parent, parent]
+            parent = len(tokens) - 1
+            seq.append(right)
+        tree = DraftTree(torch.tensor(tokens), torch.tensor(parents))
+        return tree, torch.nn.functional.one_hot(tree.tokens, self.model.config.vocab_size).double()
+
+
+def test_tree_speculation_at_temperature_zero_writes_plain_greedy():
+    from blackbox_spec._stats import GenerationStats
+    from blackbox_spec.local.engine import CachedLM, LocalStats
+    from blackbox_spec.local.tree_engine import speculate_tree
+
+    from .tiny_models import tiny_model
+
+    model, _ = tiny_model()
+    prompt = [5, 9, 13, 20, 7]
+    plain = list(prompt)
+    with torch.inference_mode():
+        for _ in range(20):
+            plain.append(int(model(input_ids=torch.tensor([plain])).logits[0, -1].argmax()))
+    proposer = GuessingProposer(model, prompt)
+    written: list[int] = []
+
+    def on_tokens(new):
+        written.extend(new)
+        proposer.context_so_far = prompt + written[:-1]  # the root is the newest token
+
+    proposer.context_so_far = list(prompt)
+    local = LocalStats()
+    tokens = speculate_tree(CachedLM(model), proposer, prompt, max_tokens=20, sampling=SamplingParams(temperature=0),
+                            generator=torch.Generator().manual_seed(0), ends=set(), stats=GenerationStats(), local=local, on_tokens=on_tokens)
+    assert tokens == plain[len(prompt):] == written
+    assert local.tokens_per_target_forward > 2.0  # most rounds accept 3 nodes + a bonus
+    assert local.accepted_per_depth[0] >= local.accepted_per_depth[2] > 0
+
+
+def test_after_keeping_a_path_the_cache_continues_like_a_plain_forward():
+    from blackbox_spec.local.engine import CachedLM
+
+    from .tiny_models import tiny_model
+
+    model, _ = tiny_model()
+    lm = CachedLM(model)
+    context = torch.tensor([[5, 9, 13, 20, 7]])
+    lm.forward(context, torch.ones_like(context, dtype=torch.bool), last=1)
+    tree = random_tree(torch.Generator().manual_seed(8), nodes=9, vocab=200)
+    lm.forward_tree(33, tree)
+    deepest = max(range(len(tree)), key=lambda i: len(tree.path(i)))
+    path = tree.path(deepest)
+    lm.keep_path(path)
+    logits = lm.forward(torch.tensor([[44]]), torch.ones((1, 1), dtype=torch.bool), last=1)[0, -1]
+    with torch.inference_mode():
+        whole = torch.cat([context[0], torch.tensor([33]), tree.tokens[path], torch.tensor([44])]).unsqueeze(0)
+        assert torch.allclose(logits, model(input_ids=whole).logits[0, -1], atol=1e-9)
