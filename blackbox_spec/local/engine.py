@@ -24,6 +24,7 @@ from .._exceptions import ConfigurationError
 from .._stats import GenerationResult, GenerationStats
 from ..drafters.hf import _import_hf, cache_argument, end_tokens, load_folder
 from .sampling import NO_TOKEN, SamplingParams, as_generator, expected_acceptance, rejection_sample, sample, sampling_probs
+from .tree import DraftTree, ancestor_mask, tree_positions
 
 torch, _ = _import_hf("local target mode (--local)")
 
@@ -67,6 +68,40 @@ class CachedLM:
         self.forwards += 1
         return out.logits[:, -last:]
 
+    def forward_tree(self, root: int, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """One row, no holes: the logits [N+1, V] and last hidden states
+        [N+1, H] after the pending token ``root`` and after each node of
+        ``tree``, in one forward (each node sees the context and its own
+        path).  The cache then holds all N+1; :meth:`keep_path` keeps one path."""
+        if self.mask.shape[0] != 1 or not bool(self.mask.all()):
+            raise ValueError("tree forwards serve one row without holes")
+        past, n = self.mask.shape[1], len(tree)
+        dtype = next(self.model.parameters()).dtype
+        allowed = torch.cat([torch.ones((n + 1, past), dtype=torch.bool), ancestor_mask(tree.parents)], dim=1).to(self.device)
+        mask = torch.zeros((1, 1, n + 1, past + n + 1), dtype=dtype, device=self.device).masked_fill(~allowed, torch.finfo(dtype).min)
+        ids = torch.cat([torch.tensor([root]), tree.tokens.cpu()]).to(self.device).unsqueeze(0)
+        positions = tree_positions(tree.parents.cpu(), past).to(self.device).unsqueeze(0)
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, output_hidden_states=True,
+                             **{self._cache_arg: self._cache})
+        self._cache = getattr(out, self._cache_arg)
+        self._tree_at = past
+        self.mask = torch.ones((1, past + n + 1), dtype=torch.int64, device=self.device)
+        self.lengths = self.lengths + n + 1
+        self.forwards += 1
+        return out.logits[0], out.hidden_states[-1][0]
+
+    def keep_path(self, nodes: list[int]) -> None:
+        """After :meth:`forward_tree`: keep the root and ``nodes`` (an
+        accepted path, root's child first) in the cache, drop the other
+        branches."""
+        past = self._tree_at
+        keep = torch.tensor(list(range(past + 1)) + [past + 1 + i for i in nodes], device=self.device)
+        for keys, values, put in _cache_tensors(self._cache):
+            put(keys.index_select(-2, keep), values.index_select(-2, keep))
+        self.mask = torch.ones((1, len(keep)), dtype=torch.int64, device=self.device)
+        self.lengths = torch.full((1,), len(keep), dtype=torch.int64, device=self.device)
+
     def forget_last(self, counts: torch.Tensor) -> None:
         """Turn the newest ``counts[b]`` tokens of row b into holes (they were
         rejected), then crop the tail that every row has forgotten."""
@@ -96,6 +131,7 @@ class LocalStats:
     rejections: int = 0
     beta_sum: float = 0.0  # Σ β = Σ_x min(p, q) over examined positions
     round_tokens: list[int] = field(default_factory=list)
+    accepted_per_depth: list[int] = field(default_factory=list)  # tree rounds: how often depth d's node was accepted
 
     @property
     def alpha(self) -> float:
@@ -111,7 +147,7 @@ class LocalStats:
             "gamma": self.gamma, "alpha": round(self.alpha, 4), "draft_forwards": self.draft_forwards,
             "target_forwards": self.target_forwards, "tokens_per_target_forward": round(self.tokens_per_target_forward, 3),
             "examined_positions": self.examined_positions, "rejections": self.rejections,
-        }
+        } | ({"accepted_per_depth": self.accepted_per_depth} if self.accepted_per_depth else {})
 
 
 class LocalSpeculator:
@@ -335,6 +371,21 @@ def _fit_vocabulary(logits: torch.Tensor, size: int) -> torch.Tensor:
         return logits[..., :size]
     pad = torch.full((*logits.shape[:-1], size - logits.shape[-1]), float("-inf"), dtype=logits.dtype, device=logits.device)
     return torch.cat([logits, pad], -1)
+
+
+def _cache_tensors(cache: Any):
+    """(keys, values, put) per layer of a transformers cache: ``layers``
+    since transformers 4.56, ``key_cache``/``value_cache`` lists before."""
+    if hasattr(cache, "layers"):
+        for layer in cache.layers:
+            def put(k: torch.Tensor, v: torch.Tensor, layer: Any = layer) -> None:
+                layer.keys, layer.values = k, v
+            yield layer.keys, layer.values, put
+    else:
+        for i in range(len(cache.key_cache)):
+            def put(k: torch.Tensor, v: torch.Tensor, i: int = i) -> None:
+                cache.key_cache[i], cache.value_cache[i] = k, v
+            yield cache.key_cache[i], cache.value_cache[i], put
 
 
 def _cut_after_end(tokens: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
