@@ -374,6 +374,8 @@ class BranchedStream:
         self.group: list[Branch] = []
         self.draft, self.draft_at, self.kind = "", 0, "short"
         self.group_started, self.group_width, self.group_tokens = 0.0, 1, 0
+        self.deferred: list[Branch] = []  # branches started once the farthest was read, not yet heard from
+        self.deferred_count, self.deferred_at = 0, 0.0
         self.replay: deque[tuple[Branch, Any]] = deque()  # a promoted branch's items, oldest first
         self.end: StreamEnd | None = None
         self.failed: BaseException | None = None
@@ -488,8 +490,16 @@ class BranchedStream:
         if branch is group[-1] and not branch.buffered:
             # The farthest branch has read the whole draft into the
             # server's prefix cache: the deferred ones now find it there.
+            self.deferred = [b for b in group if b.task is None]
+            self.deferred_count, self.deferred_at = len(self.deferred), time.perf_counter()
             for b in group:
                 self.streams.start(b)
+        elif not branch.buffered and any(b is branch for b in self.deferred):
+            # What each branch's own prompt tail costs the server to read
+            # (the policy prices a group's width with it).
+            self.deferred = [b for b in self.deferred if b is not branch]
+            if not self.deferred:
+                self.policy.costs.observe_branch_start(self.deferred_count, time.perf_counter() - self.deferred_at)
         branch.buffered.append(item)
         self.policy.costs.branch_spoke = True
         if isinstance(item, StreamPiece):
@@ -615,6 +625,7 @@ class BranchedStream:
     def open_group(self, proposal: str, offsets: list[int], kind: str) -> None:
         out = self.out
         self.draft, self.draft_at, self.kind = proposal[: offsets[-1]], len(out.text), kind
+        self.deferred = []
         # The first few branches and the farthest start now; the ones between
         # wait until the farthest has been prefilled, so that they reuse its
         # prefix cache instead of each prefilling the draft again.

