@@ -313,3 +313,39 @@ def test_after_keeping_a_path_the_cache_continues_like_a_plain_forward():
     with torch.inference_mode():
         whole = torch.cat([context[0], torch.tensor([33]), tree.tokens[path], torch.tensor([44])]).unsqueeze(0)
         assert torch.allclose(logits, model(input_ids=whole).logits[0, -1], atol=1e-9)
+
+
+# -- Medusa heads -----------------------------------------------------------------
+
+
+def test_medusa_heads_are_refused_for_another_target_and_untrained_heads_stay_exact(tmp_path):
+    from blackbox_spec._exceptions import ConfigurationError
+    from blackbox_spec._stats import GenerationStats
+    from blackbox_spec.local.engine import CachedLM, LocalStats
+    from blackbox_spec.local.heads import MedusaHeads, MedusaProposer, load_medusa, save_heads, target_identity
+    from blackbox_spec.local.tree_engine import speculate_tree
+
+    from .tiny_models import tiny_model
+
+    model, tokenizer = tiny_model()
+    heads = MedusaHeads(model.config.hidden_size, 3, model.get_output_embeddings())
+    hidden = torch.randn(4, model.config.hidden_size, dtype=torch.float64)
+    with torch.inference_mode():  # a new head is the identity: it guesses what the LM head would
+        assert torch.allclose(heads(hidden)[1], model.get_output_embeddings()(hidden))
+    save_heads(tmp_path / "heads", heads, "medusa", target_identity(model.config, tokenizer), hidden=model.config.hidden_size, heads=3)
+    loaded = load_medusa(tmp_path / "heads", model, tokenizer)
+    other, _ = tiny_model(seed=1)
+    other.config.num_hidden_layers = 3  # another target: another config
+    with pytest.raises(ConfigurationError, match="trained for another target"):
+        load_medusa(tmp_path / "heads", other, tokenizer)
+    with pytest.raises(ConfigurationError, match="no heads"):
+        load_medusa(tmp_path / "nothing", model, tokenizer)
+
+    prompt = [5, 9, 13, 20, 7]
+    plain = list(prompt)
+    with torch.inference_mode():
+        for _ in range(12):
+            plain.append(int(model(input_ids=torch.tensor([plain])).logits[0, -1].argmax()))
+    tokens = speculate_tree(CachedLM(model), MedusaProposer(loaded), prompt, max_tokens=12, sampling=SamplingParams(temperature=0),
+                            generator=torch.Generator().manual_seed(0), ends=set(), stats=GenerationStats(), local=LocalStats())
+    assert tokens == plain[len(prompt):]
