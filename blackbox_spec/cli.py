@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_local_arguments(run)
     _add_bench_parser(commands)
     _add_server_parser(commands)
+    _add_heads_parser(commands)
     _add_serve_parser(commands)
     probe = commands.add_parser(
         "probe", help="measure what a server offers for verification and what each call costs",
@@ -295,6 +296,23 @@ DTYPE_HELP = (
     "server's prefill and decode paths can pick different tokens where the top two are a step apart; "
     "float32 makes temperature 0 reproducible enough to check exactness, at about half the speed"
 )
+
+
+def _add_heads_parser(commands) -> None:
+    heads = commands.add_parser(
+        "heads", help="train Medusa heads for local target mode (self-distillation, CPU or GPU)",
+        description="Train heads on a target's own greedy continuations of an offline corpus (the bench prompts, then "
+        "Python standard-library sources). Hidden states are cached in OUT; a run resumes from OUT's checkpoint.",
+    )
+    heads.add_argument("action", choices=["train"], help="train: make (or resume) a heads folder")
+    heads.add_argument("--target", required=True, metavar="DIR", help="the target's transformers folder (a .gguf converts to one with `bspec server prepare vllm --model NAME`)")
+    heads.add_argument("--kind", choices=["medusa"], default="medusa", help="head kind (EAGLE is not built yet)")
+    heads.add_argument("--out", required=True, metavar="DIR", help="the heads folder to write (heads.pt, heads.json, checkpoint, cached data)")
+    heads.add_argument("--heads", type=_positive_int, default=3, help="Medusa heads: tokens guessed beyond the LM head's (default: 3)")
+    heads.add_argument("--prompts", type=_positive_int, default=200, help="prompts of the offline corpus to continue (default: 200; a tenth is held out)")
+    heads.add_argument("--max-tokens", type=_positive_int, default=128, help="tokens the target writes per prompt (default: 128)")
+    heads.add_argument("--epochs", type=_positive_int, default=2, help="passes over the cached positions (default: 2)")
+    heads.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
 
 
 def _add_server_parser(commands) -> None:
@@ -650,6 +668,45 @@ def _start(kind: str, model: str, *, port: int | None = None, timeout: float = 9
     return start_vllm(model, port=port, timeout_s=timeout, log=_log, dtype=dtype, speculative_config=NGRAM_REFERENCE if kind == "vllm-ngram" else None)
 
 
+def _heads(args: argparse.Namespace) -> int:
+    """``bspec heads train``: continuations, hidden states (cached), training, held-out accuracy."""
+    from rich.progress import Progress
+
+    from .drafters.hf import _import_hf, load_folder
+    from .local.train_heads import distill, greedy_continuations, offline_corpus, train_medusa
+
+    torch, _ = _import_hf("bspec heads")
+    out = Path(args.out)
+    hint = "a .gguf file converts to one with `bspec server prepare vllm --model NAME`"
+    model, tokenizer = load_folder(args.target, device=args.device, dtype="float32", role="target model", option="--device", hint=hint, feature="bspec heads")
+    model = model.to(args.device).eval()
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = offline_corpus(args.prompts)
+    cached = out / f"distilled-{args.prompts}x{args.max_tokens}-k{args.heads}.pt"
+    with Progress(transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(what: str, done: int, total: int) -> None:
+            if what not in tasks:
+                tasks[what] = int(bar.add_task(what, total=total))
+            bar.update(tasks[what], completed=done)
+
+        if cached.exists():
+            data = torch.load(cached, weights_only=True)
+        else:
+            answers = greedy_continuations(model, tokenizer, prompts, args.max_tokens, progress)
+            held = max(1, len(prompts) // 10)
+            data = {"train": distill(model, tokenizer, prompts[:-held], answers[:-held], args.heads, progress).__dict__,
+                    "held_out": distill(model, tokenizer, prompts[-held:], answers[-held:], args.heads, progress).__dict__}
+            torch.save(data, cached)
+        from .local.train_heads import Distilled
+
+        details = train_medusa(model, tokenizer, Distilled(**data["train"]), Distilled(**data["held_out"]), out,
+                               heads=args.heads, epochs=args.epochs, progress=progress)
+    print(json.dumps(details))
+    return 0
+
+
 def _server(args: argparse.Namespace) -> int:
     from .servers.llama import ensure_llama_server
     from .servers.models import ensure_model
@@ -755,6 +812,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_probe(args))
         if args.command == "serve":
             return _serve(args)
+        if args.command == "heads":
+            return _heads(args)
         _check_mode(args)
         if args.local:
             return _run_local(args, box)

@@ -15,6 +15,7 @@ q must be rejected (p < 1e-6).
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -349,3 +350,50 @@ def test_medusa_heads_are_refused_for_another_target_and_untrained_heads_stay_ex
     tokens = speculate_tree(CachedLM(model), MedusaProposer(loaded), prompt, max_tokens=12, sampling=SamplingParams(temperature=0),
                             generator=torch.Generator().manual_seed(0), ends=set(), stats=GenerationStats(), local=LocalStats())
     assert tokens == plain[len(prompt):]
+
+
+def test_medusa_heads_trained_on_the_targets_own_text_guess_it_better_and_resume(tmp_path):
+    """Self-distillation on a tiny target: the data are its own greedy
+    continuations (so its LM head's top-1 on them is ~1), trained heads
+    guess the tokens further ahead better than untrained ones, a run
+    resumes from its checkpoint, and a checkpoint of other data is refused."""
+    from blackbox_spec._exceptions import ConfigurationError
+    from blackbox_spec.local.heads import MedusaHeads, load_medusa
+    from blackbox_spec.local.train_heads import accuracy, distill, greedy_continuations, train_medusa
+
+    from .tiny_models import tiny_model
+
+    model, tokenizer = tiny_model()
+    prompts = ["def add(a, b):", "The model reads", "你好", "def f(x):\n    return", "The answer"]
+    answers = greedy_continuations(model, tokenizer, prompts, max_tokens=24)
+    assert all(answers)
+    data = distill(model, tokenizer, prompts, answers, heads=2)
+    assert data.hidden.shape[0] == data.following.shape[0] > 50 and data.following.shape[1] == 3
+    before = accuracy(MedusaHeads(data.hidden.shape[1], 2, model.get_output_embeddings()), data)
+    assert before.lm_head_top1 > 0.9  # the data are the target's own greedy choices
+    details = train_medusa(model, tokenizer, data, data, tmp_path / "heads", heads=2, epochs=40, batch=64, lr=3e-3)
+    assert details["held_out_top1"][0] > max(2 * before.top1[0], before.top1[0] + 0.1)  # memorised, at least (a 32-wide head)
+    assert torch.load(tmp_path / "heads" / "checkpoint.pt", weights_only=True)["epoch"] == 40
+    again = train_medusa(model, tokenizer, data, data, tmp_path / "heads", heads=2, epochs=40)
+    assert again["train_seconds"] == details["train_seconds"]  # resumed at the end: nothing more to train
+    assert load_medusa(tmp_path / "heads", model, tokenizer) is not None
+    other = distill(model, tokenizer, prompts[:2], answers[:2], heads=2)
+    with pytest.raises(ConfigurationError, match="another training run"):
+        train_medusa(model, tokenizer, other, other, tmp_path / "heads", heads=2, epochs=41)
+
+
+def test_bspec_heads_train_writes_a_heads_folder_and_refuses_a_missing_target(tmp_path, capsys):
+    from blackbox_spec.cli import main
+
+    from .tiny_models import tiny_model
+
+    model, tokenizer = tiny_model()
+    model.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    assert main(["heads", "train", "--target", str(tmp_path / "target"), "--out", str(tmp_path / "heads"),
+                 "--prompts", "3", "--max-tokens", "8", "--epochs", "1", "--heads", "2"]) == 0
+    info = json.loads((tmp_path / "heads" / "heads.json").read_text())
+    assert info["kind"] == "medusa" and info["heads"] == 2 and len(info["held_out_top1"]) == 2
+    assert main(["heads", "train", "--target", str(tmp_path / "nothing"), "--out", str(tmp_path / "h2")]) != 0
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "Traceback" not in err
