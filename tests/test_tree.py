@@ -296,7 +296,7 @@ def test_tree_speculation_at_temperature_zero_writes_plain_greedy():
     assert local.accepted_per_depth[0] >= local.accepted_per_depth[2] > 0
 
 
-def test_after_keeping_a_path_the_cache_continues_like_a_plain_forward():
+def test_tree_logits_and_the_kept_path_match_plain_forwards():
     from blackbox_spec.local.engine import CachedLM
 
     from .tiny_models import tiny_model
@@ -306,9 +306,12 @@ def test_after_keeping_a_path_the_cache_continues_like_a_plain_forward():
     context = torch.tensor([[5, 9, 13, 20, 7]])
     lm.forward(context, torch.ones_like(context, dtype=torch.bool), last=1)
     tree = random_tree(torch.Generator().manual_seed(8), nodes=9, vocab=200)
-    lm.forward_tree(33, tree)
+    hidden = lm.forward_tree(33, tree)
     deepest = max(range(len(tree)), key=lambda i: len(tree.path(i)))
     path = tree.path(deepest)
+    with torch.inference_mode():  # logits from the kept hidden states are the forward's own
+        alone = model(input_ids=torch.cat([context[0], torch.tensor([33]), tree.tokens[path]]).unsqueeze(0)).logits[0, -1]
+    assert torch.allclose(lm.logits(hidden[deepest + 1]), alone, atol=1e-9)
     lm.keep_path(path)
     logits = lm.forward(torch.tensor([[44]]), torch.ones((1, 1), dtype=torch.bool), last=1)[0, -1]
     with torch.inference_mode():

@@ -68,11 +68,12 @@ class CachedLM:
         self.forwards += 1
         return out.logits[:, -last:]
 
-    def forward_tree(self, root: int, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
-        """One row, no holes: the logits [N+1, V] and last hidden states
-        [N+1, H] after the pending token ``root`` and after each node of
-        ``tree``, in one forward (each node sees the context and its own
-        path).  The cache then holds all N+1; :meth:`keep_path` keeps one path."""
+    def forward_tree(self, root: int, tree: DraftTree) -> torch.Tensor:
+        """One row, no holes: the last hidden states [N+1, H] after the
+        pending token ``root`` and after each node of ``tree``, in one
+        forward (each node sees the context and its own path); logits come
+        from :meth:`logits`.  The cache then holds all N+1;
+        :meth:`keep_path` keeps one path."""
         if self.mask.shape[0] != 1 or not bool(self.mask.all()):
             raise ValueError("tree forwards serve one row without holes")
         past, n = self.mask.shape[1], len(tree)
@@ -81,15 +82,22 @@ class CachedLM:
         mask = torch.zeros((1, 1, n + 1, past + n + 1), dtype=dtype, device=self.device).masked_fill(~allowed, torch.finfo(dtype).min)
         ids = torch.cat([torch.tensor([root]), tree.tokens.cpu()]).to(self.device).unsqueeze(0)
         positions = tree_positions(tree.parents.cpu(), past).to(self.device).unsqueeze(0)
+        extra = {"logits_to_keep": 1} if self._keeps_logits else {}
         with torch.inference_mode():
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, output_hidden_states=True,
-                             **{self._cache_arg: self._cache})
+                             **extra, **{self._cache_arg: self._cache})
         self._cache = getattr(out, self._cache_arg)
         self._tree_at = past
         self.mask = torch.ones((1, past + n + 1), dtype=torch.int64, device=self.device)
         self.lengths = self.lengths + n + 1
         self.forwards += 1
-        return out.logits[0], out.hidden_states[-1][0]
+        return out.hidden_states[-1][0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over last hidden states (transformers returns them
+        after the final norm: the same logits the forward would give)."""
+        with torch.inference_mode():
+            return self.model.get_output_embeddings()(hidden)
 
     def keep_path(self, nodes: list[int]) -> None:
         """After :meth:`forward_tree`: keep the root and ``nodes`` (an

@@ -67,7 +67,9 @@ class MedusaHeads(nn.Module):
             parameter.requires_grad_(False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.stack([self.lm_head(block(hidden)) for block in self.blocks])
+        # One LM-head matmul for all heads: on a CPU it reads the 151k-row
+        # weight once (33 ms for 0.5B in fp32) instead of once per head.
+        return self.lm_head(torch.stack([block(hidden) for block in self.blocks]))
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.state_dict().items() if not k.startswith("lm_head.")}
