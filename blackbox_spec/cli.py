@@ -673,7 +673,7 @@ def _heads(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from .drafters.hf import _import_hf, load_folder
-    from .local.train_heads import distill, greedy_continuations, offline_corpus, train_medusa
+    from .local.train_heads import Distilled, distill, greedy_continuations, offline_corpus, train_medusa
 
     torch, _ = _import_hf("bspec heads")
     out = Path(args.out)
@@ -699,8 +699,6 @@ def _heads(args: argparse.Namespace) -> int:
             data = {"train": distill(model, tokenizer, prompts[:-held], answers[:-held], args.heads, progress).__dict__,
                     "held_out": distill(model, tokenizer, prompts[-held:], answers[-held:], args.heads, progress).__dict__}
             torch.save(data, cached)
-        from .local.train_heads import Distilled
-
         details = train_medusa(model, tokenizer, Distilled(**data["train"]), Distilled(**data["held_out"]), out,
                                heads=args.heads, epochs=args.epochs, progress=progress)
     print(json.dumps(details))

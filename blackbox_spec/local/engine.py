@@ -68,6 +68,19 @@ class CachedLM:
         self.forwards += 1
         return out.logits[:, -last:]
 
+    def read_prompt(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        """Start one row from ``prompt_ids``: their last hidden states [L, H]
+        (heads read them; :meth:`logits` of the last row is the next token's)."""
+        self.reset(1)
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.int64, device=self.device)
+        extra = {"logits_to_keep": 1} if self._keeps_logits else {}
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, use_cache=True, output_hidden_states=True, **extra)
+        self._cache = getattr(out, self._cache_arg)
+        self.mask, self.lengths = torch.ones_like(ids), torch.full((1,), ids.shape[1], dtype=torch.int64, device=self.device)
+        self.forwards += 1
+        return out.hidden_states[-1][0]
+
     def forward_tree(self, root: int, tree: DraftTree) -> torch.Tensor:
         """One row, no holes: the last hidden states [N+1, H] after the
         pending token ``root`` and after each node of ``tree``, in one

@@ -48,16 +48,8 @@ def speculate_tree(
     """Up to ``max_tokens`` tokens after ``prompt_ids``, ending after the
     first of ``ends``; one target forward per round."""
     device = target.device
-    target.reset(1)
-    prompt = torch.tensor([list(prompt_ids)], dtype=torch.int64, device=device)
-    with torch.inference_mode():
-        out = target.model(input_ids=prompt, use_cache=True, output_hidden_states=True)
-    target._cache = getattr(out, target._cache_arg)
-    target.mask = torch.ones_like(prompt)
-    target.lengths = torch.full((1,), prompt.shape[1], dtype=torch.int64, device=device)
-    target.forwards += 1
-    root = int(sample(sampling_probs(out.logits[:, -1], sampling), generator))
-    features = out.hidden_states[-1][0]
+    features = target.read_prompt(prompt_ids)
+    root = int(sample(sampling_probs(target.logits(features[-1:]), sampling), generator))
     tokens = [root]
     if on_tokens is not None:
         on_tokens([root])
