@@ -2,10 +2,13 @@
 
 For each prompt, temperature and repeat it times plain autoregressive
 sampling (the target alone, one token per forward, through the same code)
-and speculative sampling at each gamma, and reports medians of:
+and speculative sampling at each gamma (a draft model), and with
+``--heads`` tree speculation from Medusa heads on the target itself, and
+reports medians of:
 
 - speedup: plain seconds per token / speculative seconds per token;
-- tokens per target forward (the bonus or recovered token counted);
+- tokens per target forward (the bonus or recovered token counted: the
+  mean accepted length), and for trees how often each depth was accepted;
 - alpha: the mean of beta = sum_x min(p(x), q(x)) over the draft positions
   the rule examined (the paper's estimator, lower variance than counting);
 - c: a draft forward of one token / a target forward of one token, and v: a
@@ -29,6 +32,8 @@ cannot travel to the device machine.
     python bench/local_target.py --target-model ~/.cache/blackbox_spec/models/hf/qwen2.5-coder-1.5b \\
         --draft-model ~/.cache/blackbox_spec/models/hf/qwen2.5-coder-0.5b \\
         --out bench/results/local-qwen-0.5b-1.5b-cpu.json
+    python bench/local_target.py --target-model ~/.cache/blackbox_spec/models/hf/qwen2.5-coder-0.5b --heads HEADS \\
+        --prompts story explain-tcp rename-inventory --out medusa.json
     python bench/local_target.py --random-init qwen2.5-0.5b qwen2.5-7b --device cuda --alpha 0.78 \\
         --out local-random-cuda.json
 """
@@ -89,8 +94,10 @@ def time_forward(model: CachedLM, prompt: list[int], width: int, repeats: int) -
     return statistics.median(times)
 
 
-def measure_costs(target: CachedLM, draft: CachedLM, prompt: list[int], gammas: list[int], repeats: int) -> dict:
+def measure_costs(target: CachedLM, draft: CachedLM | None, prompt: list[int], gammas: list[int], repeats: int) -> dict:
     target_1 = time_forward(target, prompt, 1, repeats)
+    if draft is None:
+        return {"target_forward_1_s": target_1}
     draft_1 = time_forward(draft, prompt, 1, repeats)
     costs = {"target_forward_1_s": target_1, "draft_forward_1_s": draft_1, "c": draft_1 / target_1, "v": {}}
     for gamma in gammas:
@@ -117,9 +124,14 @@ def run_real(args: argparse.Namespace) -> dict:
 
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if args.device == "cuda" else "float32")
     loaded = LocalSpeculator.from_pretrained(args.target_model, args.draft_model, device=args.device, dtype=dtype)
-    target, draft, tokenizer = loaded.target.model, loaded.draft.model, loaded.tokenizer
+    target, tokenizer = loaded.target.model, loaded.tokenizer
     plain = LocalSpeculator(target, None, tokenizer)
-    speculators = {g: LocalSpeculator(target, draft, tokenizer, gamma=g) for g in args.gammas}
+    # The sides: the draft model at each gamma, and trees from heads trained for this target.
+    speculators = {f"gamma={g}": LocalSpeculator(target, loaded.draft.model, tokenizer, gamma=g) for g in args.gammas} if loaded.draft else {}
+    if args.heads:
+        from blackbox_spec.local.heads import MedusaProposer, load_medusa
+
+        speculators["medusa"] = LocalSpeculator(target, None, tokenizer, proposer=MedusaProposer(load_medusa(args.heads, target, tokenizer)))
     chosen = [p for p in PROMPTS if p.name in args.prompts]
     first = list(tokenizer(chosen[0].text)["input_ids"])
     costs = measure_costs(plain.target, loaded.draft, first, args.gammas, args.cost_repeats)
@@ -134,10 +146,10 @@ def run_real(args: argparse.Namespace) -> dict:
                 row = {"prompt": prompt.name, "temperature": temperature, "repeat": repeat,
                        "plain": {"s": base.stats.wall_s, "tokens": base.stats.output_tokens}}
                 plain_step = base.stats.wall_s / base.stats.output_tokens
-                for gamma, speculator in speculators.items():
+                for label, speculator in speculators.items():
                     result = speculator.generate(prompt.text, max_tokens=args.max_tokens, sampling=sampling, seed=seed)
                     local = result.local
-                    row[f"gamma={gamma}"] = {
+                    row[label] = {
                         "s": result.stats.wall_s, "tokens": result.stats.output_tokens, "alpha": local.alpha,
                         "accepted_per_drafted": result.stats.acceptance_rate,
                         "tokens_per_target_forward": local.tokens_per_target_forward,
@@ -147,31 +159,38 @@ def run_real(args: argparse.Namespace) -> dict:
                         "v_in_run": result.stats.verify_s / result.stats.rounds / plain_step,
                         "speedup": (base.stats.wall_s / base.stats.output_tokens) / (result.stats.wall_s / result.stats.output_tokens),
                     }
+                    if local.accepted_per_depth:
+                        row[label]["accepted_per_depth"] = [n / max(local.target_forwards, 1) for n in local.accepted_per_depth]
                     if temperature == 0:
-                        row[f"gamma={gamma}"]["same_text_as_plain"] = result.text == base.text
+                        row[label]["same_text_as_plain"] = result.text == base.text
                 runs.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     after = measure_costs(plain.target, loaded.draft, first, args.gammas, args.cost_repeats)
     costs = {"before_runs": costs, "after_runs": after}
     summary = {}
     for temperature in args.temperatures:
-        for gamma in args.gammas:
-            cells = [r[f"gamma={gamma}"] for r in runs if r["temperature"] == temperature]
-            alpha = statistics.median(c["alpha"] for c in cells)
-            c_run = statistics.median(c["c_in_run"] for c in cells)
-            v_run = statistics.median(c["v_in_run"] for c in cells)
+        for label in speculators:
+            cells = [r[label] for r in runs if r["temperature"] == temperature]
             entry = {
                 "speedup_median": statistics.median(c["speedup"] for c in cells),
-                "speedup_per_prompt": {p.name: statistics.median(r[f"gamma={gamma}"]["speedup"] for r in runs if r["prompt"] == p.name and r["temperature"] == temperature) for p in chosen},
-                "alpha_median": alpha,
-                "accepted_per_drafted_median": statistics.median(c["accepted_per_drafted"] for c in cells),
+                "speedup_per_prompt": {p.name: statistics.median(r[label]["speedup"] for r in runs if r["prompt"] == p.name and r["temperature"] == temperature) for p in chosen},
                 "tokens_per_target_forward_median": statistics.median(c["tokens_per_target_forward"] for c in cells),
-                "c_in_run_median": c_run, "v_in_run_median": v_run,
-                **{f"projected_{k}": v for k, v in projections(alpha, gamma, c_run, v_run).items()},
             }
+            if label == "medusa":
+                per_depth = [c.get("accepted_per_depth", []) for c in cells]
+                entry["accepted_per_depth_per_forward_mean"] = [statistics.fmean(d[k] if k < len(d) else 0.0 for d in per_depth)
+                                                                for k in range(max(map(len, per_depth)))]
+            else:
+                gamma = int(label.split("=")[1])
+                alpha = statistics.median(c["alpha"] for c in cells)
+                c_run = statistics.median(c["c_in_run"] for c in cells)
+                v_run = statistics.median(c["v_in_run"] for c in cells)
+                entry |= {"alpha_median": alpha, "accepted_per_drafted_median": statistics.median(c["accepted_per_drafted"] for c in cells),
+                          "c_in_run_median": c_run, "v_in_run_median": v_run,
+                          **{f"projected_{k}": v for k, v in projections(alpha, gamma, c_run, v_run).items()}}
             if temperature == 0:
                 entry["same_text_as_plain"] = f"{sum(c['same_text_as_plain'] for c in cells)}/{len(cells)}"
-            summary[f"T={temperature} gamma={gamma}"] = entry
+            summary[f"T={temperature} {label}"] = entry
     return {"costs": costs, "summary": summary, "runs": runs, "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
 
 
@@ -214,6 +233,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target-model", help="transformers folder of the target")
     parser.add_argument("--draft-model", help="transformers folder of the draft (same tokenizer)")
+    parser.add_argument("--heads", help="Medusa heads trained for --target-model (bspec heads train): a tree side")
     parser.add_argument("--random-init", nargs=2, metavar=("DRAFT", "TARGET"), choices=list(SHAPES), help="time random-init models of these shapes instead")
     parser.add_argument("--alpha", type=float, default=0.78, help="alpha for --random-init projections (default: 0.78)")
     parser.add_argument("--device", default="cpu")

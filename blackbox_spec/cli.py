@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", help="model name (default: the first one the server lists)")
     run.add_argument("--max-tokens", type=_positive_int, default=256, metavar="N", help="most target tokens to generate (default: 256)")
     run.add_argument("--stop", nargs="+", default=None, metavar="S", help="stop sequences; the text ends before the first one")
-    _add_drafter_arguments(run)
+    _add_drafter_arguments(run, local=True)
     run.add_argument(
         "--strategy", choices=["auto", "logprobs", "echo", "fanout", "plain"], default="auto",
         help="verification: auto (measure and choose), logprobs/echo (one call from prompt logprobs), fanout (concurrent calls), plain",
@@ -269,13 +269,18 @@ def _add_profile_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", choices=["auto", "refresh", "off"], default="auto", help=PROFILE_HELP)
 
 
-def _add_drafter_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--drafter", choices=[*DRAFTERS, "none"], help=DRAFTER_HELP + " (default: ngram; with --local: hf when --draft-model is given)")
+def _add_drafter_arguments(parser: argparse.ArgumentParser, *, local: bool = False) -> None:
+    if local:
+        parser.add_argument("--drafter", choices=[*DRAFTERS, "medusa", "none"],
+                            help=DRAFTER_HELP + "; with --local: hf (a draft model, the default when --draft-model is given) or medusa "
+                                 "(trained heads on the target's hidden states, --heads DIR)")
+    else:
+        parser.add_argument("--drafter", choices=[*DRAFTERS, "none"], help=DRAFTER_HELP + " (default: ngram)")
     parser.add_argument("--draft-model", metavar="PATH", help="the draft model for --drafter llama (a .gguf file), or hf and --local (a transformers folder; with --local it must share the target's tokenizer)")
     parser.add_argument("--draft-device", default="cpu", metavar="DEV", help="torch device for --drafter hf: cpu or cuda (default: cpu)")
 
 
-LOCAL_ONLY = ("temperature", "top_p", "top_k", "seed", "device", "gamma", "dtype", "target_model")
+LOCAL_ONLY = ("temperature", "top_p", "top_k", "seed", "device", "gamma", "dtype", "target_model", "heads")
 
 
 def _add_local_arguments(parser: argparse.ArgumentParser) -> None:
@@ -288,6 +293,8 @@ def _add_local_arguments(parser: argparse.ArgumentParser) -> None:
     local.add_argument("--seed", type=int, metavar="S", help="seed for reproducible samples (default: random)")
     local.add_argument("--device", choices=["cpu", "cuda"], help="where both models run (default: cpu)")
     local.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weights' type (default: auto = float32 on cpu, bfloat16 on cuda)")
+    local.add_argument("--heads", metavar="DIR", help="Medusa heads for --drafter medusa, trained for this target by `bspec heads train` "
+                                                     "(refused for any other target)")
     local.add_argument("--gamma", type=_positive_int, metavar="K", help="draft tokens per round, the paper's γ (default: 2, the best measured on CPU; wider pays where a wider target step costs about the same, as on GPUs)")
 
 
@@ -313,6 +320,10 @@ def _add_heads_parser(commands) -> None:
     heads.add_argument("--max-tokens", type=_positive_int, default=128, help="tokens the target writes per prompt (default: 128)")
     heads.add_argument("--epochs", type=_positive_int, default=2, help="passes over the cached positions (default: 2)")
     heads.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    heads.add_argument("--continuations-from", metavar="URL", default=None,
+                       help="an OpenAI-compatible server already running this same target (e.g. `bspec server start vllm --model "
+                            "qwen2.5-coder-0.5b --dtype float32`, then http://127.0.0.1:8000/v1): it writes the continuations, many at "
+                            "once, instead of this process one by one; checked against the target afterwards")
 
 
 def _add_server_parser(commands) -> None:
@@ -386,8 +397,15 @@ def _check_mode(args: argparse.Namespace) -> None:
                 raise ConfigurationError(f"--{name.replace('_', '-')} is for the API mode; with --local the target runs here (--target-model)")
         if args.target_model is None:
             raise ConfigurationError("--local needs --target-model PATH (a transformers folder)")
-        if args.drafter not in (None, "hf", "none"):
-            raise ConfigurationError(f"--local drafts with a transformers model (--draft-model DIR); --drafter {args.drafter} is for the API mode")
+        if args.drafter not in (None, "hf", "none", "medusa"):
+            raise ConfigurationError(f"--local drafts with a transformers model (--draft-model DIR) or heads (--drafter medusa --heads DIR); "
+                                     f"--drafter {args.drafter} is for the API mode")
+        if args.drafter == "medusa" or args.heads is not None:
+            if args.drafter != "medusa" or args.heads is None or args.draft_model:
+                raise ConfigurationError("trained heads draft with --drafter medusa --heads DIR (and no --draft-model)")
+            if args.gamma is not None:
+                raise ConfigurationError("--gamma is the draft model's tokens per round; heads draft a tree (leave --gamma out)")
+            return
         if args.drafter == "none" and args.draft_model:
             raise ConfigurationError("--drafter none samples from the target alone; leave out --draft-model")
         if args.drafter != "none" and not args.draft_model:
@@ -401,6 +419,8 @@ def _check_mode(args: argparse.Namespace) -> None:
         raise ConfigurationError("--prediction is for one prompt file, not a batch")
     if args.chat and (len(args.prompt_files) > 1 or args.prompt_files[0].endswith(".jsonl")):
         raise ConfigurationError("--chat takes one prompt file (batches are completions prompts); run one bspec run --chat per conversation")
+    if args.drafter == "medusa":
+        raise ConfigurationError("--drafter medusa needs --local: heads read the target's hidden states, which an API does not show")
     given = [f"--{name.replace('_', '-')}" for name in LOCAL_ONLY if getattr(args, name) is not None]
     if given:
         raise ConfigurationError(f"{' '.join(given)} {'needs' if len(given) == 1 else 'need'} --local: the API mode is exact greedy decoding (temperature 0)")
@@ -468,10 +488,11 @@ def _run_local(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
     if not args.quiet:
-        _log(f"loading {args.target_model}" + (f" and {args.draft_model}" if args.draft_model else "") + " (seconds to minutes)")
+        helper = f" and {args.draft_model}" if args.draft_model else f" and heads {args.heads}" if args.heads else ""
+        _log(f"loading {args.target_model}{helper} (seconds to minutes)")
     speculator = LocalSpeculator.from_pretrained(
-        args.target_model, args.draft_model if args.drafter != "none" else None,
-        device=args.device or "cpu", dtype=args.dtype or "auto", gamma=args.gamma or DEFAULT_GAMMA,
+        args.target_model, args.draft_model if args.drafter not in ("none", "medusa") else None,
+        device=args.device or "cpu", dtype=args.dtype or "auto", gamma=args.gamma or DEFAULT_GAMMA, heads_path=args.heads,
     )
     shown = GenerationResult(text="", stats=GenerationStats())
     result_box.append(shown)  # what was printed survives an interrupt
@@ -492,7 +513,9 @@ def _run_local(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
     else:
         sys.stdout.write("\n")
         if not args.quiet:
-            print(_summary(result) + f", alpha {result.local.alpha:.2f}", file=sys.stderr)  # type: ignore[attr-defined]
+            local = result.local  # type: ignore[attr-defined]
+            measure = f"{local.tokens_per_target_forward:.2f} tokens per target forward" if args.heads else f"alpha {local.alpha:.2f}"
+            print(_summary(result) + f", {measure}", file=sys.stderr)
     return 0
 
 
@@ -673,7 +696,7 @@ def _heads(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from .drafters.hf import _import_hf, load_folder
-    from .local.train_heads import Distilled, distill, greedy_continuations, offline_corpus, train_medusa
+    from .local.train_heads import Distilled, distill, greedy_continuations, lm_head_agreement, offline_corpus, server_continuations, train_medusa
 
     torch, _ = _import_hf("bspec heads")
     out = Path(args.out)
@@ -694,10 +717,17 @@ def _heads(args: argparse.Namespace) -> int:
         if cached.exists():
             data = torch.load(cached, weights_only=True)
         else:
-            answers = greedy_continuations(model, tokenizer, prompts, args.max_tokens, progress)
+            if args.continuations_from:
+                answers = server_continuations(args.continuations_from, prompts, args.max_tokens, progress=progress)
+            else:
+                answers = greedy_continuations(model, tokenizer, prompts, args.max_tokens, progress)
             held = max(1, len(prompts) // 10)
             data = {"train": distill(model, tokenizer, prompts[:-held], answers[:-held], args.heads, progress).__dict__,
                     "held_out": distill(model, tokenizer, prompts[-held:], answers[-held:], args.heads, progress).__dict__}
+            agreement = lm_head_agreement(model.get_output_embeddings(), Distilled(**data["train"]))
+            if agreement < 0.9:
+                raise ConfigurationError(f"the continuations are not this target's own greedy text (its next-token guess agrees with "
+                                         f"{agreement:.0%} of them): does {args.continuations_from or 'the server'} run {args.target}?")
             torch.save(data, cached)
         details = train_medusa(model, tokenizer, Distilled(**data["train"]), Distilled(**data["held_out"]), out,
                                heads=args.heads, epochs=args.epochs, progress=progress)

@@ -298,3 +298,40 @@ def test_bad_limits_are_configuration_errors_and_a_tiny_temperature_is_greedy(pa
     greedy = engine.sample_tokens(PROMPT, max_tokens=6, sampling=SamplingParams(temperature=0), generator=as_generator(0, DEVICE))
     tiny = engine.sample_tokens(PROMPT, max_tokens=6, sampling=SamplingParams(temperature=1e-38), generator=as_generator(0, DEVICE))
     assert torch.equal(greedy, tiny)
+
+
+def test_the_tree_loop_with_medusa_heads_samples_what_the_target_does(pair):
+    """The whole tree loop (``generate`` with heads: tree forwards, the
+    multi-draft rule, the kept path in the cache, bonus tokens), sampled at
+    T=1: its first three tokens follow the target's joint, with heads that
+    guess wrong often (noisy blocks), so both paths of the rule run.  Fewer
+    samples than the rule's own tests (100k rows, ``test_tree.py``): one
+    continuation per call here."""
+    from blackbox_spec.local.heads import MedusaHeads, MedusaProposer
+
+    target, _ = pair
+    heads = MedusaHeads(target.config.hidden_size, 2, target.get_output_embeddings())
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for block in heads.blocks:
+            block.linear.weight.normal_(0, 0.5)
+    engine = LocalSpeculator(target, None, None, proposer=MedusaProposer(heads.eval(), shape=(2, 1)))
+    params, samples = SETTINGS["T=1.0"], 6000
+    generator = as_generator(77, DEVICE)
+    rows, accepted, forwards = [], 0, 0
+    for _ in range(samples):
+        stats, local = GenerationStats(), LocalStats()
+        tokens = speculate_tree_row(engine, params, generator, stats, local)
+        rows.append(tokens[:3])
+        accepted, forwards = accepted + stats.accepted_tokens, forwards + local.target_forwards
+    counts = joint_counts(torch.tensor(rows), VOCAB)
+    joint = target_joint(target, params)
+    assert chi_square_p_value(counts.view(VOCAB, -1).sum(1), joint.sum((1, 2))) > 0.01  # first token
+    assert chi_square_p_value(counts, joint) > 0.01  # the first three
+    assert 0.2 * forwards < accepted < 1.5 * forwards, (accepted, forwards)  # drafts were taken and refused
+
+
+def speculate_tree_row(engine: LocalSpeculator, params: SamplingParams, generator, stats, local) -> list[int]:
+    from blackbox_spec.local.tree_engine import speculate_tree
+
+    return speculate_tree(engine.target, engine.proposer, PROMPT, max_tokens=3, sampling=params, generator=generator, ends=set(), stats=stats, local=local)

@@ -400,3 +400,89 @@ def test_bspec_heads_train_writes_a_heads_folder_and_refuses_a_missing_target(tm
     assert main(["heads", "train", "--target", str(tmp_path / "nothing"), "--out", str(tmp_path / "h2")]) != 0
     err = capsys.readouterr().err
     assert "does not exist" in err and "Traceback" not in err
+
+
+def test_bspec_heads_train_takes_continuations_from_a_server_running_the_target(tmp_path, capsys):
+    """``--continuations-from``: a vLLM-like server writes the continuations
+    (token ids through ``return_tokens_as_token_ids``); texts from another
+    model, or a server that lists no ids, are refused with one line."""
+    import httpx
+    import respx
+
+    from blackbox_spec.cli import main
+    from blackbox_spec.local.train_heads import greedy_continuations
+
+    from .tiny_models import tiny_model
+
+    model, tokenizer = tiny_model()
+    model.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    seen: list[dict] = []
+
+    def server(answer_of):
+        def completions(request: httpx.Request) -> httpx.Response:
+            body = json.loads(request.content)
+            seen.append(body)
+            tokens = answer_of(body)
+            return httpx.Response(200, json={"choices": [{"text": "", "logprobs": {"tokens": tokens}}]})
+        return completions
+
+    def own(body: dict) -> list[str]:
+        ids = greedy_continuations(model, tokenizer, [body["prompt"]], body["max_tokens"])[0]
+        return [f"token_id:{t}" for t in ids]
+
+    def other(body: dict) -> list[str]:
+        return [f"token_id:{(7 * k + 3) % 100}" for k in range(body["max_tokens"])]
+
+    args = ["heads", "train", "--target", str(tmp_path / "target"), "--prompts", "4", "--max-tokens", "8", "--epochs", "1", "--heads", "2",
+            "--continuations-from", "http://vllm.test/v1"]
+    for name, answer_of, code, message in (("own", own, 0, None), ("other", other, 1, "not this target's own greedy text"),
+                                            ("no-ids", lambda body: ["a", "b"], 1, "does not list token ids")):
+        with respx.mock(assert_all_called=False) as mock:
+            mock.get("http://vllm.test/v1/models").respond(200, json={"data": [{"id": "tiny"}]})
+            mock.post("http://vllm.test/v1/completions").mock(side_effect=server(answer_of))
+            assert main(args + ["--out", str(tmp_path / name)]) == code, name
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        if message:
+            assert message in err and len(err.strip().splitlines()) == 1, err
+    assert seen and all(b["temperature"] == 0 and b["return_tokens_as_token_ids"] and b["model"] == "tiny" for b in seen)
+    info = json.loads((tmp_path / "own" / "heads.json").read_text())
+    assert info["kind"] == "medusa" and info["trained_vocabulary"] > 0
+    assert not (tmp_path / "other" / "heads.json").exists()
+
+
+def test_bspec_run_local_with_medusa_heads_writes_plain_greedy_and_refuses_misuse(tmp_path, capsys):
+    """``bspec run --local --drafter medusa --heads DIR``: at temperature 0
+    the text is the target's plain greedy text; heads without --local, with
+    a draft model, or for another target are one-line errors."""
+    from blackbox_spec.cli import main
+    from blackbox_spec.local.heads import MedusaHeads, save_heads, target_identity
+
+    from .tiny_models import tiny_model
+
+    model, tokenizer = tiny_model()
+    model.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    heads = MedusaHeads(model.config.hidden_size, 2, model.get_output_embeddings())
+    save_heads(tmp_path / "heads", heads, "medusa", target_identity(model.config, tokenizer), hidden=model.config.hidden_size, heads=2)
+    other, _ = tiny_model(seed=1)
+    other.config.num_hidden_layers = 1
+    save_heads(tmp_path / "other", heads, "medusa", target_identity(other.config, tokenizer), hidden=model.config.hidden_size, heads=2)
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("def add(a, b):")
+    common = ["run", str(prompt), "--local", "--target-model", str(tmp_path / "target"), "--temperature", "0", "--max-tokens", "16", "--json", "--quiet"]
+    assert main(common + ["--drafter", "none"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(common + ["--drafter", "medusa", "--heads", str(tmp_path / "heads")]) == 0
+    tree = json.loads(capsys.readouterr().out)
+    assert tree["text"] == plain["text"] and tree["stats"]["local"]["target_forwards"] >= 1
+    for args, message in (
+        (["run", str(prompt), "--drafter", "medusa", "--base-url", "http://127.0.0.1:9/v1"], "needs --local"),
+        (common + ["--drafter", "medusa"], "--drafter medusa --heads DIR"),
+        (common + ["--drafter", "medusa", "--heads", str(tmp_path / "heads"), "--draft-model", str(tmp_path / "target")], "no --draft-model"),
+        (common + ["--drafter", "medusa", "--heads", str(tmp_path / "other")], "trained for another target"),
+    ):
+        assert main(args) != 0, args
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (args, err)

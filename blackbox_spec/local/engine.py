@@ -25,6 +25,7 @@ from .._stats import GenerationResult, GenerationStats
 from ..drafters.hf import _import_hf, cache_argument, end_tokens, load_folder
 from .sampling import NO_TOKEN, SamplingParams, as_generator, expected_acceptance, rejection_sample, sample, sampling_probs
 from .tree import DraftTree, ancestor_mask, tree_positions
+from .tree_engine import speculate_tree
 
 torch, _ = _import_hf("local target mode (--local)")
 
@@ -175,15 +176,21 @@ class LocalSpeculator:
     """Speculative sampling with a local target and draft (shared tokenizer).
 
     ``draft=None`` samples from the target alone, one token per forward: the
-    baseline, through the same code.
+    baseline, through the same code.  ``proposer`` (Medusa heads,
+    :mod:`.heads`) drafts trees from the target's own hidden states instead
+    of a draft model: one target forward per round over the whole tree
+    (:func:`.tree_engine.speculate_tree`), one sample at a time.
 
     >>> # speculator = LocalSpeculator.from_pretrained("qwen-1.5b/", "qwen-0.5b/")
     >>> # speculator.generate("def fib(n):", max_tokens=64, sampling=SamplingParams(0.7), seed=1).text
     """
 
-    def __init__(self, target: Any, draft: Any | None, tokenizer: Any, *, gamma: int = DEFAULT_GAMMA) -> None:
+    def __init__(self, target: Any, draft: Any | None, tokenizer: Any, *, gamma: int = DEFAULT_GAMMA, proposer: Any | None = None) -> None:
         if gamma < 1:
             raise ConfigurationError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
+        if proposer is not None and draft is not None:
+            raise ConfigurationError("draft with a draft model or with trained heads, not both")
+        self.proposer = proposer
         self.target = CachedLM(target)
         self.draft = CachedLM(draft) if draft is not None else None
         if self.draft is not None and self.draft.device != self.target.device:
@@ -194,9 +201,11 @@ class LocalSpeculator:
         self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
 
     @classmethod
-    def from_pretrained(cls, target_path: str, draft_path: str | None = None, *, device: str = "cpu", dtype: str = "auto", gamma: int = DEFAULT_GAMMA) -> "LocalSpeculator":
+    def from_pretrained(cls, target_path: str, draft_path: str | None = None, *, device: str = "cpu", dtype: str = "auto", gamma: int = DEFAULT_GAMMA,
+                        heads_path: str | None = None) -> "LocalSpeculator":
         """Load both models from transformers folders (no downloads) and check
-        that they share a tokenizer."""
+        that they share a tokenizer; or the target and heads trained for it
+        (``bspec heads train``), refused for any other target."""
         if dtype == "auto":
             dtype = "bfloat16" if device.startswith("cuda") else "float32"
         hint = "a .gguf file converts to one with `bspec server prepare vllm --model NAME`"
@@ -206,7 +215,13 @@ class LocalSpeculator:
             draft, draft_tokenizer = load_folder(draft_path, device=device, dtype=dtype, role="draft model", option="--device", hint=hint, feature="--local")
             check_same_tokenizer(tokenizer, draft_tokenizer)
             draft = draft.to(device)
-        return cls(target.to(device), draft, tokenizer, gamma=gamma)
+        target = target.to(device)
+        proposer = None
+        if heads_path is not None:
+            from .heads import MedusaProposer, load_medusa
+
+            proposer = MedusaProposer(load_medusa(heads_path, target, tokenizer))
+        return cls(target, draft, tokenizer, gamma=gamma, proposer=proposer)
 
     def generate(
         self,
@@ -235,9 +250,16 @@ class LocalSpeculator:
                 shown[0] = text
 
         start = time.perf_counter()
-        out = self.sample_tokens(prompt_ids, max_tokens=max_tokens, sampling=sampling, generator=as_generator(seed, self.target.device), stats=stats, local=local, on_tokens=show)
+        generator = as_generator(seed, self.target.device)
+        if self.proposer is not None:
+            self._check_request(prompt_ids, max_tokens, 1, generator)
+            row = speculate_tree(self.target, self.proposer, prompt_ids, max_tokens=max_tokens, sampling=sampling, generator=generator,
+                                 ends=set(self.ends.tolist()), stats=stats, local=local, on_tokens=show)
+        else:
+            out = self.sample_tokens(prompt_ids, max_tokens=max_tokens, sampling=sampling, generator=generator, stats=stats, local=local, on_tokens=show)
+            row = out[0].tolist()
         stats.wall_s = time.perf_counter() - start
-        row = [t for t in out[0].tolist() if t != NO_TOKEN]
+        row = [t for t in row if t != NO_TOKEN]
         ended = bool(row) and row[-1] in self.ends.tolist()
         stats.finish_reason = "stop" if ended else "length"
         text = self.tokenizer.decode(row[:-1] if ended else row)
@@ -246,6 +268,21 @@ class LocalSpeculator:
         result = GenerationResult(text=text, stats=stats)
         result.local = local  # type: ignore[attr-defined]
         return result
+
+    def _check_request(self, prompt_ids: Sequence[int], max_tokens: int, rows: int, generator: torch.Generator) -> None:
+        if not prompt_ids:
+            raise ConfigurationError("the prompt has no tokens")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ConfigurationError(f"max_tokens must be a positive integer, not {max_tokens!r}")
+        if rows < 1:
+            raise ConfigurationError(f"rows must be at least 1, not {rows!r}")
+        if len(prompt_ids) + max_tokens + self.gamma + 1 > self.max_positions:
+            raise ConfigurationError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the target's {self.max_positions} positions")
+        if not _same_device(generator.device, self.target.device):
+            raise ConfigurationError(
+                f"the generator is on {generator.device} and the models on {self.target.device}; "
+                f"make it with as_generator(seed, {str(self.target.device)!r})"
+            )
 
     def sample_tokens(
         self,
@@ -261,19 +298,9 @@ class LocalSpeculator:
     ) -> torch.Tensor:
         """``rows`` independent samples of up to ``max_tokens`` tokens → [rows, max_tokens],
         each row cut after its first end token and padded with ``NO_TOKEN``."""
-        if not prompt_ids:
-            raise ConfigurationError("the prompt has no tokens")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ConfigurationError(f"max_tokens must be a positive integer, not {max_tokens!r}")
-        if rows < 1:
-            raise ConfigurationError(f"rows must be at least 1, not {rows!r}")
-        if len(prompt_ids) + max_tokens + self.gamma + 1 > self.max_positions:
-            raise ConfigurationError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the target's {self.max_positions} positions")
-        if not _same_device(generator.device, self.target.device):
-            raise ConfigurationError(
-                f"the generator is on {generator.device} and the models on {self.target.device}; "
-                f"make it with as_generator(seed, {str(self.target.device)!r})"
-            )
+        if self.proposer is not None:
+            raise ConfigurationError("trees from heads sample one continuation at a time: use generate(), or a draft model for rows")
+        self._check_request(prompt_ids, max_tokens, rows, generator)
         stats = stats if stats is not None else GenerationStats()
         local = local if local is not None else LocalStats()
         target, draft, device = self.target, self.draft, self.target.device
