@@ -66,10 +66,14 @@ class MedusaHeads(nn.Module):
         for parameter in lm_head.parameters():
             parameter.requires_grad_(False)
 
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Each head's block output, [K, ..., H]: what the LM head reads."""
+        return torch.stack([block(hidden) for block in self.blocks])
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # One LM-head matmul for all heads: on a CPU it reads the 151k-row
         # weight once (33 ms for 0.5B in fp32) instead of once per head.
-        return self.lm_head(torch.stack([block(hidden) for block in self.blocks]))
+        return self.lm_head(self.features(hidden))
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.state_dict().items() if not k.startswith("lm_head.")}

