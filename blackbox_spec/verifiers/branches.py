@@ -137,14 +137,15 @@ class Streams:
         # (``Policy.observe_branches``), not the price of a wider step.
         self.speaking = 0
 
-    def open(self, prompt: str, at: int, max_tokens: int) -> Branch:
-        """A new stream of ``prompt``, started now."""
+    def open(self, prompt: str, at: int, max_tokens: int, *, start: bool = True) -> Branch:
+        """A new stream of ``prompt``; ``start=False`` keeps it for :meth:`start`."""
         branch = Branch(at, prompt=prompt, max_tokens=max_tokens)
         self.branches.append(branch)
-        self._start(branch)
+        if start:
+            self.start(branch)
         return branch
 
-    def _start(self, branch: Branch) -> None:
+    def start(self, branch: Branch) -> None:
         async def pump() -> None:
             last: float | None = None
             last_width = 0
