@@ -10,7 +10,7 @@ import zipfile
 import pytest
 
 from blackbox_spec import ConfigurationError
-from blackbox_spec.bench.divergence import first_difference
+from blackbox_spec.bench.divergence import first_difference, resumed_plain_gives_spec
 from blackbox_spec.servers import models
 from blackbox_spec.testing import FakeTarget
 
@@ -69,6 +69,42 @@ def test_first_difference():
     assert first_difference("abc", "abc") is None
     assert first_difference("abc", "abd") == 2
     assert first_difference("ab", "abc") == 2
+
+
+class _SplitServer:
+    """A greedy server whose choice after "Jack" flips when decoding resumes
+    right there (``flip_at``), as llama.cpp's does with the prefill split."""
+
+    tokens = ["Jack", ".", " He", " was"]
+    other = ["Jack", " who", " was"]
+
+    def __init__(self, flip_at):
+        self.flip_at, self.calls = flip_at, []
+
+    async def complete(self, prompt, *, max_tokens, logprobs=None):
+        from types import SimpleNamespace
+
+        done = prompt[len("P:"):]
+        self.calls.append(done)
+        path = self.other if done == self.flip_at else self.tokens
+        text = "".join(path)
+        assert text.startswith(done)
+        units, at = [], 0
+        for token in path:
+            if at >= len(done) and len(units) < max_tokens:
+                units.append(SimpleNamespace(text=token))
+            at += len(token)
+        return SimpleNamespace(text="".join(u.text for u in units), units=units)
+
+
+async def test_a_divergence_is_the_servers_only_if_a_resumed_plain_call_writes_it():
+    plain, spec = "Jack. He was", "Jack who was"
+    flips = _SplitServer(flip_at="Jack")
+    assert await resumed_plain_gives_spec(flips, "P:", plain, spec) == 4
+    never = _SplitServer(flip_at=None)
+    assert await resumed_plain_gives_spec(never, "P:", plain, spec) is None
+    assert set(never.calls) == {"", "Jack"}  # every boundary before the divergence was tried
+    assert await resumed_plain_gives_spec(never, "P:", plain, plain) is None
 
 
 def _wheel(path, member: str, data: bytes):

@@ -70,6 +70,36 @@ async def explain(api: TargetAPI, prompt: str, plain: str, spec: str) -> Diverge
     return Divergence(at, plain[at : at + 20], spec[at : at + 20], gap, [(t, round(lp, 5)) for t, lp in top], agrees)
 
 
+async def resumed_plain_gives_spec(api: TargetAPI, prompt: str, plain: str, spec: str, back: int = 12) -> int | None:
+    """The token boundary from which a plain greedy call of the server's own
+    writes the speculative text through the divergence, or None.
+
+    A speculative run resumes the target from many points: the text up to
+    each point is prefilled as a batch, the rest decoded one token at a time.
+    On servers whose logits depend on that split (llama.cpp on CPU: up to
+    ~0.3 apart, NOTES.md) the greedy choice at a non-tie can flip with it.
+    Resuming from each of the last ``back`` boundaries before the divergence
+    (and from the prompt itself) tries those splits; if none writes the
+    speculative text, the server never chose it and the difference is ours.
+    """
+    at = first_difference(plain, spec)
+    if at is None:
+        return None
+    probe = await api.complete(prompt, max_tokens=max(1, len(plain)), logprobs=1)
+    bounds = [0]
+    for unit in probe.units or []:
+        if bounds[-1] + len(unit.text) > at:
+            break
+        bounds.append(bounds[-1] + len(unit.text))
+    for cut in reversed(bounds[-back:] + ([0] if len(bounds) > back else [])):
+        tokens = len(bounds) - bounds.index(cut) + 1  # through the token that holds the divergence
+        resumed = await api.complete(prompt + plain[:cut], max_tokens=tokens)
+        written = plain[:cut] + resumed.text
+        if len(written) > at and written[: at + 1] == spec[: at + 1]:
+            return cut
+    return None
+
+
 async def top_logprobs(api: TargetAPI, context: str, k: int = 5) -> list[tuple[str, float]]:
     """The target's top-``k`` next tokens after ``context``, best first."""
     response = await api._post("/completions", {"model": api.model, "prompt": context, "max_tokens": 1, "temperature": 0, "logprobs": k})
