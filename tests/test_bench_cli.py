@@ -73,38 +73,56 @@ def test_first_difference():
 
 class _SplitServer:
     """A greedy server whose choice after "Jack" flips when decoding resumes
-    right there (``flip_at``), as llama.cpp's does with the prefill split."""
+    right there (``flip_at``), as llama.cpp's does with the prefill split;
+    ``cold``: only when its prompt cache is off."""
 
+    model = "m"
     tokens = ["Jack", ".", " He", " was"]
     other = ["Jack", " who", " was"]
 
-    def __init__(self, flip_at):
-        self.flip_at, self.calls = flip_at, []
+    def __init__(self, flip_at, cold=False):
+        self.flip_at, self.cold, self.calls = flip_at, cold, []
+
+    def _run(self, done, max_tokens, cached=True):
+        self.calls.append((done, cached))
+        flips = done == self.flip_at and (cached != self.cold)
+        path = self.other if flips else self.tokens
+        assert "".join(path).startswith(done)
+        units, at = [], 0
+        for token in path:
+            if at >= len(done) and len(units) < max_tokens:
+                units.append(token)
+            at += len(token)
+        return units
 
     async def complete(self, prompt, *, max_tokens, logprobs=None):
         from types import SimpleNamespace
 
-        done = prompt[len("P:"):]
-        self.calls.append(done)
-        path = self.other if done == self.flip_at else self.tokens
-        text = "".join(path)
-        assert text.startswith(done)
-        units, at = [], 0
-        for token in path:
-            if at >= len(done) and len(units) < max_tokens:
-                units.append(SimpleNamespace(text=token))
-            at += len(token)
+        units = [SimpleNamespace(text=t) for t in self._run(prompt[len("P:"):], max_tokens)]
         return SimpleNamespace(text="".join(u.text for u in units), units=units)
+
+    async def _post(self, path, body):
+        cached = body.get("cache_prompt", True)
+        return {"choices": [{"text": "".join(self._run(body["prompt"][len("P:"):], body["max_tokens"], cached))}]}
+
+    def _json(self, response):
+        return response
 
 
 async def test_a_divergence_is_the_servers_only_if_a_resumed_plain_call_writes_it():
     plain, spec = "Jack. He was", "Jack who was"
-    flips = _SplitServer(flip_at="Jack")
-    assert await resumed_plain_gives_spec(flips, "P:", plain, spec) == 4
+    assert await resumed_plain_gives_spec(_SplitServer(flip_at="Jack"), "P:", plain, spec) == 4
+    # Only a slot with nothing cached writes it (llama.cpp's concurrent requests).
+    cold = _SplitServer(flip_at="", cold=True)
+    assert await resumed_plain_gives_spec(cold, "P:", plain, spec) == 0
+    assert ("", False) in cold.calls
     never = _SplitServer(flip_at=None)
     assert await resumed_plain_gives_spec(never, "P:", plain, spec) is None
-    assert set(never.calls) == {"", "Jack"}  # every boundary before the divergence was tried
+    # every boundary before the divergence was tried, cache on and off
+    assert {c for c in never.calls[1:]} == {("", True), ("Jack", True), ("", False), ("Jack", False)}
     assert await resumed_plain_gives_spec(never, "P:", plain, plain) is None
+    # The server's token must be the speculative text's whole token, not its first character.
+    assert await resumed_plain_gives_spec(_SplitServer(flip_at="Jack"), "P:", plain, "Jack where") is None
 
 
 def _wheel(path, member: str, data: bytes):

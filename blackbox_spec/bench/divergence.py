@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._exceptions import TargetHTTPError
 from .._target import TargetAPI, _logprob_lists
 
 NEAR_TIE = 1e-3  # top-2 logprob gap below which either token is a legitimate greedy choice
@@ -79,8 +80,12 @@ async def resumed_plain_gives_spec(api: TargetAPI, prompt: str, plain: str, spec
     On servers whose logits depend on that split (llama.cpp on CPU: up to
     ~0.3 apart, NOTES.md) the greedy choice at a non-tie can flip with it.
     Resuming from each of the last ``back`` boundaries before the divergence
-    (and from the prompt itself) tries those splits; if none writes the
-    speculative text, the server never chose it and the difference is ours.
+    (and from the prompt itself) tries those splits, each with the server's
+    prompt cache and, where it has one to turn off (llama.cpp's
+    ``cache_prompt``), without: concurrent requests land on slots whose
+    cache holds nothing of the prompt, which then is prefilled whole.  If
+    none writes the speculative text, the server never chose it and the
+    difference is ours.
     """
     at = first_difference(plain, spec)
     if at is None:
@@ -91,13 +96,24 @@ async def resumed_plain_gives_spec(api: TargetAPI, prompt: str, plain: str, spec
         if bounds[-1] + len(unit.text) > at:
             break
         bounds.append(bounds[-1] + len(unit.text))
-    for cut in reversed(bounds[-back:] + ([0] if len(bounds) > back else [])):
-        tokens = len(bounds) - bounds.index(cut) + 1  # through the token that holds the divergence
-        resumed = await api.complete(prompt + plain[:cut], max_tokens=tokens)
-        written = plain[:cut] + resumed.text
-        if len(written) > at and written[: at + 1] == spec[: at + 1]:
-            return cut
+    cuts = list(reversed(bounds[-back:] + ([0] if len(bounds) > back else [])))
+    for extra in ({}, {"cache_prompt": False}):
+        for cut in cuts:
+            tokens = len(bounds) - bounds.index(cut)  # through the token that holds the divergence
+            try:
+                written = plain[:cut] + await _greedy_text(api, prompt + plain[:cut], tokens, extra)
+            except TargetHTTPError:
+                break  # a server without that field (one that refuses unknown ones)
+            common = min(len(written), len(spec))
+            if common > at and written[:common] == spec[:common]:  # its whole divergent token
+                return cut
     return None
+
+
+async def _greedy_text(api: TargetAPI, context: str, max_tokens: int, extra: dict) -> str:
+    body = {"model": api.model, "prompt": context, "max_tokens": max_tokens, "temperature": 0, **extra}
+    response = await api._post("/completions", body)
+    return api._json(response)["choices"][0].get("text") or ""
 
 
 async def top_logprobs(api: TargetAPI, context: str, k: int = 5) -> list[tuple[str, float]]:
