@@ -62,11 +62,8 @@ class _Counted(httpx.AsyncByteStream):
         await self.stream.aclose()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def slow_server():
-    # One per test: the Ctrl-C tests failed twice in full CI runs (never
-    # alone) after the cancellation tests had shared this server; a fresh
-    # one rules out streams those left behind.
     with over_http(FakeTarget(decode_s=0.01, latency=0.01)) as pair:
         yield pair
 
