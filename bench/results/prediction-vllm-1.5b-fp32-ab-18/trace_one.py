@@ -18,14 +18,14 @@ def observe_branches(self, kind, accepted, missed, saved_s=0.0):
 Policy.observe_branches = observe_branches
 og = orchestrator.BranchedStream.open_group
 def open_group(self, proposal, offsets, kind):
-    print(t(), "GROUP OPEN at", len(self.out.text), repr(self.out.text[-20:]), "w", len(offsets) + 1, "reach", offsets[-1], "realigned", drafters[-1].realigned, flush=True)
+    print(t(), "GROUP OPEN at", len(self.out.text), repr(self.out.text[-20:]), "w", len(offsets) + 1, "reach", offsets[-1], "realigned", getattr(drafters[-1], "realigned", None), flush=True)
     return og(self, proposal, offsets, kind)
 orchestrator.BranchedStream.open_group = open_group
 br = Policy.branches
-def branches(self, draft, match, *, remaining, realigned=False):
-    r = br(self, draft, match, remaining=remaining, realigned=realigned)
+def branches(self, draft, match, **options):  # (realigned= exists only with changes.patch applied)
+    r = br(self, draft, match, **options)
     if r is None and drafters and drafters[-1].from_prediction:
-        print(t(), "  no group: backing_off", self.backing_off("prediction"), "realigned", drafters[-1].realigned, flush=True)
+        print(t(), "  no group: backing_off", self.backing_off("prediction"), "realigned", getattr(drafters[-1], "realigned", None), flush=True)
     return r
 Policy.branches = branches
 it = Policy.interrupt
