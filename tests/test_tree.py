@@ -250,9 +250,12 @@ class GuessingProposer:
     def __init__(self, model, context: list[int], wrong_every: int = 3):
         self.model, self.context, self.rounds, self.wrong_every = model, list(context), 0, wrong_every
 
-    def propose(self, features, root, sampling, generator):
+    def reset(self):
+        pass
+
+    def propose(self, features, following, sampling, generator):
         self.rounds += 1
-        seq, tokens, parents = self.context_so_far + [root], [], []
+        seq, tokens, parents = self.context_so_far + [int(following[-1])], [], []
         parent = ROOT
         for depth in range(3):
             with torch.inference_mode():
@@ -479,7 +482,7 @@ def test_bspec_run_local_with_medusa_heads_writes_plain_greedy_and_refuses_misus
     assert tree["text"] == plain["text"] and tree["stats"]["local"]["target_forwards"] >= 1
     for args, message in (
         (["run", str(prompt), "--drafter", "medusa", "--base-url", "http://127.0.0.1:9/v1"], "needs --local"),
-        (common + ["--drafter", "medusa"], "--drafter medusa --heads DIR"),
+        (common + ["--drafter", "medusa"], "--drafter medusa|eagle --heads DIR"),
         (common + ["--drafter", "medusa", "--heads", str(tmp_path / "heads"), "--draft-model", str(tmp_path / "target")], "no --draft-model"),
         (common + ["--drafter", "medusa", "--heads", str(tmp_path / "other")], "trained for another target"),
     ):

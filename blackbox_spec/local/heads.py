@@ -145,7 +145,11 @@ class MedusaProposer:
         self.heads = heads
         self.shape = tuple(shape[: len(heads.blocks)])
 
-    def propose(self, features: torch.Tensor, root: int, sampling: SamplingParams, generator: torch.Generator) -> tuple[DraftTree, torch.Tensor]:
+    def reset(self) -> None:
+        pass  # heads read only the newest feature
+
+    def propose(self, features: torch.Tensor, following: torch.Tensor, sampling: SamplingParams,
+                generator: torch.Generator) -> tuple[DraftTree, torch.Tensor]:
         with torch.inference_mode():
             logits = self.heads(features[-1])  # [K, V]
         probs = sampling_probs(logits, sampling) if not sampling.greedy else logits

@@ -24,11 +24,18 @@ class TreeProposer(Protocol):
     """Where a tree's candidates come from (trained heads on the target's
     hidden states)."""
 
-    def propose(self, features: torch.Tensor, root: int, sampling: SamplingParams, generator: torch.Generator) -> tuple[DraftTree, torch.Tensor]:
-        """A tree below ``root`` and, for each node, the q [N, V] its token
-        was drawn from (one-hot where it was picked, as top-k picks).
-        ``features`` [L, H]: the target's last hidden states of the tokens
-        accepted since the last call, the newest (the one before ``root``) last."""
+    def reset(self) -> None:
+        """Forget earlier calls: a new text starts."""
+        ...
+
+    def propose(self, features: torch.Tensor, following: torch.Tensor, sampling: SamplingParams,
+                generator: torch.Generator) -> tuple[DraftTree, torch.Tensor]:
+        """A tree below the pending token and, for each node, the q [N, V]
+        its token was drawn from (one-hot where it was picked, as top-k
+        picks).  ``features`` [L, H]: the target's last hidden states of the
+        tokens accepted since the last call (the whole prompt at first);
+        ``following`` [L]: the token after each, so the last is the pending
+        token (the tree's root)."""
         ...
 
 
@@ -50,6 +57,8 @@ def speculate_tree(
     device = target.device
     features = target.read_prompt(prompt_ids)
     root = int(sample(sampling_probs(target.logits(features[-1:]), sampling), generator))
+    following = list(prompt_ids[1:]) + [root]
+    proposer.reset()
     tokens = [root]
     if on_tokens is not None:
         on_tokens([root])
@@ -57,7 +66,7 @@ def speculate_tree(
     while tokens[-1] not in ends and len(tokens) < max_tokens:
         clock = time.perf_counter()
         # 1. Draft: a tree of candidates below the pending token.
-        tree, q = proposer.propose(features, root, sampling, generator)
+        tree, q = proposer.propose(features, torch.tensor(following), sampling, generator)
         drafted_at = time.perf_counter()
 
         # 2. One target forward over the root and every node (row 0 of
@@ -89,6 +98,7 @@ def speculate_tree(
         target.keep_path(accepted)
         features = hidden[[0] + [n + 1 for n in accepted]]
         new = [int(tree.tokens[n]) for n in accepted] + [next_token]
+        following = new
         room = max_tokens - len(tokens)
         for i, t in enumerate(new[:room]):
             if t in ends:
