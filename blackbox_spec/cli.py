@@ -271,15 +271,16 @@ def _add_profile_argument(parser: argparse.ArgumentParser) -> None:
 
 def _add_drafter_arguments(parser: argparse.ArgumentParser, *, local: bool = False) -> None:
     if local:
-        parser.add_argument("--drafter", choices=[*DRAFTERS, "medusa", "none"],
-                            help=DRAFTER_HELP + "; with --local: hf (a draft model, the default when --draft-model is given) or medusa "
-                                 "(trained heads on the target's hidden states, --heads DIR)")
+        parser.add_argument("--drafter", choices=[*DRAFTERS, *HEAD_KINDS, "none"],
+                            help=DRAFTER_HELP + "; with --local: hf (a draft model, the default when --draft-model is given), medusa or "
+                                 "eagle (trained heads on the target's hidden states, --heads DIR)")
     else:
         parser.add_argument("--drafter", choices=[*DRAFTERS, "none"], help=DRAFTER_HELP + " (default: ngram)")
     parser.add_argument("--draft-model", metavar="PATH", help="the draft model for --drafter llama (a .gguf file), or hf and --local (a transformers folder; with --local it must share the target's tokenizer)")
     parser.add_argument("--draft-device", default="cpu", metavar="DEV", help="torch device for --drafter hf: cpu or cuda (default: cpu)")
 
 
+HEAD_KINDS = ("medusa", "eagle")
 LOCAL_ONLY = ("temperature", "top_p", "top_k", "seed", "device", "gamma", "dtype", "target_model", "heads")
 
 
@@ -293,8 +294,8 @@ def _add_local_arguments(parser: argparse.ArgumentParser) -> None:
     local.add_argument("--seed", type=int, metavar="S", help="seed for reproducible samples (default: random)")
     local.add_argument("--device", choices=["cpu", "cuda"], help="where both models run (default: cpu)")
     local.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weights' type (default: auto = float32 on cpu, bfloat16 on cuda)")
-    local.add_argument("--heads", metavar="DIR", help="Medusa heads for --drafter medusa, trained for this target by `bspec heads train` "
-                                                     "(refused for any other target)")
+    local.add_argument("--heads", metavar="DIR", help="heads for --drafter medusa or eagle, trained for this target by `bspec heads train "
+                                                     "--kind KIND` (refused for any other target)")
     local.add_argument("--gamma", type=_positive_int, metavar="K", help="draft tokens per round, the paper's γ (default: 2, the best measured on CPU; wider pays where a wider target step costs about the same, as on GPUs)")
 
 
@@ -307,13 +308,15 @@ DTYPE_HELP = (
 
 def _add_heads_parser(commands) -> None:
     heads = commands.add_parser(
-        "heads", help="train Medusa heads for local target mode (self-distillation, CPU or GPU)",
-        description="Train heads on a target's own greedy continuations of an offline corpus (the bench prompts, then "
-        "Python standard-library sources). Hidden states are cached in OUT; a run resumes from OUT's checkpoint.",
+        "heads", help="train Medusa or EAGLE heads for local target mode (self-distillation, CPU or GPU)",
+        description="Train heads on a target's own greedy continuations of an offline corpus (Python standard-library "
+        "sources, chat instructions about them, and prose instructions; the bench prompts are left out, since heads are "
+        "measured on them). Continuations and hidden states are cached in OUT; a run resumes from OUT's checkpoint.",
     )
     heads.add_argument("action", choices=["train"], help="train: make (or resume) a heads folder")
     heads.add_argument("--target", required=True, metavar="DIR", help="the target's transformers folder (a .gguf converts to one with `bspec server prepare vllm --model NAME`)")
-    heads.add_argument("--kind", choices=["medusa"], default="medusa", help="head kind (EAGLE is not built yet)")
+    heads.add_argument("--kind", choices=HEAD_KINDS, default="medusa",
+                       help="medusa: K heads on the last hidden state; eagle: one decoder layer drafting the target's features (default: medusa)")
     heads.add_argument("--out", required=True, metavar="DIR", help="the heads folder to write (heads.pt, heads.json, checkpoint, cached data)")
     heads.add_argument("--heads", type=_positive_int, default=3, help="Medusa heads: tokens guessed beyond the LM head's (default: 3)")
     heads.add_argument("--prompts", type=_positive_int, default=200, help="prompts of the offline corpus to continue (default: 200; a tenth is held out)")
@@ -397,12 +400,12 @@ def _check_mode(args: argparse.Namespace) -> None:
                 raise ConfigurationError(f"--{name.replace('_', '-')} is for the API mode; with --local the target runs here (--target-model)")
         if args.target_model is None:
             raise ConfigurationError("--local needs --target-model PATH (a transformers folder)")
-        if args.drafter not in (None, "hf", "none", "medusa"):
-            raise ConfigurationError(f"--local drafts with a transformers model (--draft-model DIR) or heads (--drafter medusa --heads DIR); "
+        if args.drafter not in (None, "hf", "none", *HEAD_KINDS):
+            raise ConfigurationError(f"--local drafts with a transformers model (--draft-model DIR) or heads (--drafter medusa|eagle --heads DIR); "
                                      f"--drafter {args.drafter} is for the API mode")
-        if args.drafter == "medusa" or args.heads is not None:
-            if args.drafter != "medusa" or args.heads is None or args.draft_model:
-                raise ConfigurationError("trained heads draft with --drafter medusa --heads DIR (and no --draft-model)")
+        if args.drafter in HEAD_KINDS or args.heads is not None:
+            if args.drafter not in HEAD_KINDS or args.heads is None or args.draft_model:
+                raise ConfigurationError("trained heads draft with --drafter medusa|eagle --heads DIR (and no --draft-model)")
             if args.gamma is not None:
                 raise ConfigurationError("--gamma is the draft model's tokens per round; heads draft a tree (leave --gamma out)")
             return
@@ -419,8 +422,8 @@ def _check_mode(args: argparse.Namespace) -> None:
         raise ConfigurationError("--prediction is for one prompt file, not a batch")
     if args.chat and (len(args.prompt_files) > 1 or args.prompt_files[0].endswith(".jsonl")):
         raise ConfigurationError("--chat takes one prompt file (batches are completions prompts); run one bspec run --chat per conversation")
-    if args.drafter == "medusa":
-        raise ConfigurationError("--drafter medusa needs --local: heads read the target's hidden states, which an API does not show")
+    if args.drafter in HEAD_KINDS:
+        raise ConfigurationError(f"--drafter {args.drafter} needs --local: heads read the target's hidden states, which an API does not show")
     given = [f"--{name.replace('_', '-')}" for name in LOCAL_ONLY if getattr(args, name) is not None]
     if given:
         raise ConfigurationError(f"{' '.join(given)} {'needs' if len(given) == 1 else 'need'} --local: the API mode is exact greedy decoding (temperature 0)")
@@ -491,8 +494,8 @@ def _run_local(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
         helper = f" and {args.draft_model}" if args.draft_model else f" and heads {args.heads}" if args.heads else ""
         _log(f"loading {args.target_model}{helper} (seconds to minutes)")
     speculator = LocalSpeculator.from_pretrained(
-        args.target_model, args.draft_model if args.drafter not in ("none", "medusa") else None,
-        device=args.device or "cpu", dtype=args.dtype or "auto", gamma=args.gamma or DEFAULT_GAMMA, heads_path=args.heads,
+        args.target_model, args.draft_model if args.drafter not in ("none", *HEAD_KINDS) else None,
+        device=args.device or "cpu", dtype=args.dtype or "auto", gamma=args.gamma or DEFAULT_GAMMA, heads_path=args.heads, heads_kind=args.drafter,
     )
     shown = GenerationResult(text="", stats=GenerationStats())
     result_box.append(shown)  # what was printed survives an interrupt
@@ -696,7 +699,8 @@ def _heads(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from .drafters.hf import _import_hf, load_folder
-    from .local.train_heads import Distilled, distill, greedy_continuations, lm_head_agreement, offline_corpus, server_continuations, train_medusa
+    from .local.train_heads import (CORPUS_VERSION, Sequences, distill_sequences, greedy_continuations, lm_head_agreement, offline_corpus,
+                                    server_continuations, train_eagle, train_medusa)
 
     torch, _ = _import_hf("bspec heads")
     out = Path(args.out)
@@ -705,7 +709,7 @@ def _heads(args: argparse.Namespace) -> int:
     model = model.to(args.device).eval()
     out.mkdir(parents=True, exist_ok=True)
     prompts = offline_corpus(args.prompts)
-    cached = out / f"distilled-{args.prompts}x{args.max_tokens}-k{args.heads}.pt"
+    cached = out / f"sequences-{CORPUS_VERSION}-{args.prompts}x{args.max_tokens}.pt"
     with Progress(transient=True) as bar:
         tasks: dict[str, int] = {}
 
@@ -717,20 +721,30 @@ def _heads(args: argparse.Namespace) -> int:
         if cached.exists():
             data = torch.load(cached, weights_only=True)
         else:
-            if args.continuations_from:
+            # The continuations are the slow part (minutes to hours): kept
+            # apart, so new heads of another kind or size reuse them.
+            written = out / f"continuations-{CORPUS_VERSION}-{args.prompts}x{args.max_tokens}.json"
+            if written.exists():
+                answers = json.loads(written.read_text())
+            elif args.continuations_from:
                 answers = server_continuations(args.continuations_from, prompts, args.max_tokens, progress=progress)
             else:
                 answers = greedy_continuations(model, tokenizer, prompts, args.max_tokens, progress)
+            written.write_text(json.dumps(answers))
             held = max(1, len(prompts) // 10)
-            data = {"train": distill(model, tokenizer, prompts[:-held], answers[:-held], args.heads, progress).__dict__,
-                    "held_out": distill(model, tokenizer, prompts[-held:], answers[-held:], args.heads, progress).__dict__}
-            agreement = lm_head_agreement(model.get_output_embeddings(), Distilled(**data["train"]))
+            data = {"train": distill_sequences(model, tokenizer, prompts[:-held], answers[:-held], progress).__dict__,
+                    "held_out": distill_sequences(model, tokenizer, prompts[-held:], answers[-held:], progress).__dict__}
+            agreement = lm_head_agreement(model.get_output_embeddings(), Sequences(**data["train"]).medusa(1))
             if agreement < 0.9:
                 raise ConfigurationError(f"the continuations are not this target's own greedy text (its next-token guess agrees with "
                                          f"{agreement:.0%} of them): does {args.continuations_from or 'the server'} run {args.target}?")
             torch.save(data, cached)
-        details = train_medusa(model, tokenizer, Distilled(**data["train"]), Distilled(**data["held_out"]), out,
-                               heads=args.heads, epochs=args.epochs, progress=progress)
+        train, held_out = Sequences(**data["train"]), Sequences(**data["held_out"])
+        if args.kind == "eagle":
+            details = train_eagle(model, tokenizer, train, held_out, out, epochs=args.epochs, progress=progress)
+        else:
+            details = train_medusa(model, tokenizer, train.medusa(args.heads), held_out.medusa(args.heads), out,
+                                   heads=args.heads, epochs=args.epochs, progress=progress)
     print(json.dumps(details))
     return 0
 

@@ -110,10 +110,44 @@ def lm_head_agreement(lm_head: torch.nn.Module, data: "Distilled", batch: int = 
     return hits / max(1, len(data))
 
 
-def distill(model: Any, tokenizer: Any, prompts: Sequence[str], continuations: Sequence[Sequence[int]], heads: int, progress: Progress | None = None) -> Distilled:
-    """Hidden states and following tokens at every position of each
-    continuation (the prompt's last token included: it starts the answer)."""
-    hidden_rows, following_rows = [], []
+@dataclass
+class Sequences:
+    """Whole texts (prompt and continuation) as the target read them:
+    ``hidden[i]`` is its last hidden state after ``tokens[i]``; the texts lie
+    end to end, ``lengths[s]`` tokens each, the first ``prompt_lengths[s]``
+    of them the prompt's.  EAGLE trains on these (it attends over a text);
+    Medusa on the continuation's positions (:meth:`medusa`)."""
+
+    hidden: torch.Tensor  # [N, H]
+    tokens: torch.Tensor  # [N] int64
+    lengths: torch.Tensor  # [S] int64
+    prompt_lengths: torch.Tensor  # [S] int64
+
+    def texts(self):
+        """(hidden [T, H], tokens [T], prompt length) per text."""
+        start = 0
+        for length, prompt in zip(self.lengths.tolist(), self.prompt_lengths.tolist()):
+            yield self.hidden[start : start + length], self.tokens[start : start + length], prompt
+            start += length
+
+    def medusa(self, heads: int) -> Distilled:
+        """Positions from the prompt's last token on, each with the heads + 1
+        tokens that follow it (-1 past the text's end)."""
+        hidden_rows, following_rows = [], []
+        for states, tokens, prompt in self.texts():
+            length = len(tokens)
+            positions = torch.arange(prompt - 1, length - 1)
+            ahead = positions.unsqueeze(1) + torch.arange(1, heads + 2)
+            following_rows.append(torch.where(ahead < length, tokens[ahead.clamp(max=length - 1)], -1))
+            hidden_rows.append(states[positions])
+        return Distilled(torch.cat(hidden_rows), torch.cat(following_rows))
+
+
+def distill_sequences(model: Any, tokenizer: Any, prompts: Sequence[str], continuations: Sequence[Sequence[int]],
+                      progress: Progress | None = None) -> Sequences:
+    """One teacher-forced forward per prompt + continuation: the last hidden
+    state after every token."""
+    hidden_rows, token_rows, lengths, prompt_lengths = [], [], [], []
     device = next(model.parameters()).device
     for i, (prompt, answer_ids) in enumerate(zip(prompts, continuations)):
         prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
@@ -121,17 +155,19 @@ def distill(model: Any, tokenizer: Any, prompts: Sequence[str], continuations: S
         with torch.inference_mode():
             # The decoder alone: the LM head over every position (151,936
             # rows) is a quarter of a 0.5B forward, and nothing reads it here.
-            states = model.get_decoder()(input_ids=ids).last_hidden_state[0].float().cpu()
-        tokens = ids[0].cpu()
-        start, length = len(prompt_ids) - 1, len(tokens)
-        positions = torch.arange(start, length - 1)
-        ahead = positions.unsqueeze(1) + torch.arange(1, heads + 2)
-        following = torch.where(ahead < length, tokens[ahead.clamp(max=length - 1)], -1)
-        hidden_rows.append(states[positions])
-        following_rows.append(following)
+            hidden_rows.append(model.get_decoder()(input_ids=ids).last_hidden_state[0].float().cpu())
+        token_rows.append(ids[0].cpu())
+        lengths.append(ids.shape[1])
+        prompt_lengths.append(len(prompt_ids))
         if progress is not None:
             progress("hidden states", i + 1, len(prompts))
-    return Distilled(torch.cat(hidden_rows), torch.cat(following_rows))
+    return Sequences(torch.cat(hidden_rows), torch.cat(token_rows), torch.tensor(lengths), torch.tensor(prompt_lengths))
+
+
+def distill(model: Any, tokenizer: Any, prompts: Sequence[str], continuations: Sequence[Sequence[int]], heads: int, progress: Progress | None = None) -> Distilled:
+    """Hidden states and following tokens at every position of each
+    continuation (the prompt's last token included: it starts the answer)."""
+    return distill_sequences(model, tokenizer, prompts, continuations, progress).medusa(heads)
 
 
 @dataclass
@@ -235,26 +271,211 @@ def train_medusa(
     return details
 
 
+def eagle_accuracy(head: Any, data: Sequences, k: int = 5) -> tuple[float, float]:
+    """Held-out top-1 and top-k of the head's first draft step over the
+    continuations: from the target's true feature f_j and token x_{j+1},
+    does the predicted f_{j+1} name the target's own next token?"""
+    from .eagle import causal
+
+    hits1 = hitsk = seen = 0
+    index = _vocab_index(head)
+    with torch.inference_mode():
+        for states, tokens, prompt in data.texts():
+            states = states.to(head.lm_head.weight.dtype)
+            T = len(tokens) - 1
+            if T < 2:
+                continue
+            predicted, _ = head(states[None, :-1], tokens[None, 1:], torch.arange(T)[None], causal(T))
+            # pair j predicts x_{j+2}; score the continuation's tokens only
+            want = index[tokens[2:]]
+            top = head.draft_logits(predicted[0, :-1]).topk(k, dim=-1).indices
+            rows = torch.arange(max(0, prompt - 2), T - 1)
+            hits1 += int((top[rows, 0] == want[rows]).sum())
+            hitsk += int((top[rows] == want[rows].unsqueeze(-1)).any(-1).sum())
+            seen += len(rows)
+    return hits1 / max(1, seen), hitsk / max(1, seen)
+
+
+def _vocab_index(head: Any) -> torch.Tensor:
+    index = torch.full((head.lm_head.weight.shape[0],), -1, dtype=torch.long)
+    index[head.vocab.cpu()] = torch.arange(len(head.vocab))
+    return index
+
+
+def train_eagle(
+    model: Any,
+    tokenizer: Any,
+    train: Sequences,
+    held_out: Sequences,
+    out: Path,
+    *,
+    epochs: int = 2,
+    batch: int = 2,
+    lr: float = 6e-4,
+    window: int = 512,
+    noise: float = 0.05,
+    classify: float = 0.1,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Train (or resume) an EAGLE head (:mod:`.eagle`) on whole texts: at
+    each pair (f_j, x_{j+1}) it learns the target's next feature f_{j+1}
+    (smooth L1, as EAGLE) and, through the frozen LM head over the draft
+    vocabulary, the target's next token (cross-entropy, weight
+    ``classify``).  Input features get uniform noise of ``noise`` times
+    their scale (EAGLE-1: drafting feeds back predicted, imperfect ones)."""
+    from .eagle import causal, new_head
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = torch.unique(train.tokens)
+    head = new_head(model, vocab)
+    dtype = head.lm_head.weight.dtype
+    trainable = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=lr)
+    fingerprint = hashlib.sha256(train.tokens.numpy().tobytes()).hexdigest()[:16]
+    checkpoint = out / "checkpoint-eagle.pt"
+    first_epoch, spent = 0, 0.0
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        if saved.get("fingerprint") != fingerprint:
+            raise ConfigurationError(f"{checkpoint} belongs to another training run (other data); remove it to start again")
+        head.load_state_dict(saved["head"], strict=False)
+        optimizer.load_state_dict(saved["optimizer"])
+        first_epoch, spent = int(saved["epoch"]), float(saved["seconds"])
+        history = list(saved.get("held_out_top1_per_epoch", []))
+    else:
+        history = []
+    scale = float(train.hidden[:4096].abs().mean())
+    # The target's own next token at every position, over the draft
+    # vocabulary: the classification labels (in a continuation, the token
+    # it wrote; in a prompt, what it would have written).
+    with torch.no_grad():  # not inference_mode: these feed the loss
+        labels = torch.cat([head.draft_logits(train.hidden[i : i + 2048].to(dtype)).argmax(-1) for i in range(0, len(train.hidden), 2048)])
+    pieces = []  # (start, length) windows of whole texts
+    start = 0
+    for length in train.lengths.tolist():
+        for offset in range(0, length - 1, window):
+            pieces.append((start + offset, min(window + 1, length - offset)))
+        start += length
+    generator = torch.Generator().manual_seed(seed)
+    steps = (len(pieces) + batch - 1) // batch
+    head.train()
+    for epoch in range(first_epoch, epochs):
+        started = time.perf_counter()
+        order = torch.randperm(len(pieces), generator=generator).tolist()
+        for step in range(steps):
+            optimizer.zero_grad()
+            for piece in order[step * batch : (step + 1) * batch]:
+                at, length = pieces[piece]
+                states = train.hidden[at : at + length].to(dtype)
+                T = length - 1
+                inputs = states[:-1] + (torch.rand(states[:-1].shape, generator=generator) * 2 - 1).to(dtype) * noise * scale
+                predicted, _ = head(inputs[None], train.tokens[at + 1 : at + length][None], torch.arange(T)[None], causal(T))
+                regression = torch.nn.functional.smooth_l1_loss(predicted[0], states[1:])
+                guess = head.draft_logits(predicted[0]).float()
+                loss = regression + classify * torch.nn.functional.cross_entropy(guess, labels[at + 1 : at + length])
+                (loss / batch).backward()
+            optimizer.step()
+            if progress is not None:
+                progress(f"epoch {epoch + 1}/{epochs}", step + 1, steps)
+        spent += time.perf_counter() - started
+        head.eval()
+        history.append(round(eagle_accuracy(head, held_out)[0], 4))  # a few seconds: shows when more epochs stop paying
+        head.train()
+        torch.save({"head": head.trainable_state(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
+                    "seconds": spent, "fingerprint": fingerprint, "held_out_top1_per_epoch": history}, checkpoint)
+    head.eval()
+    top1, top5 = eagle_accuracy(head, held_out)
+    details = {"hidden": int(train.hidden.shape[1]), "epochs": epochs, "train_positions": len(train.tokens), "held_out_positions": len(held_out.tokens),
+               "draft_vocabulary": len(vocab), "train_seconds": round(spent, 1), "held_out_top1": [round(top1, 4)], "held_out_top5": [round(top5, 4)],
+               "held_out_top1_per_epoch": history}
+    save_heads(out, head, "eagle", target_identity(model.config, tokenizer), **details)
+    (out / "training-eagle.json").write_text(json.dumps(details, indent=1))
+    return details
+
+
+# Names cached data: bump it when offline_corpus changes what it returns.
+CORPUS_VERSION = "c2"
+
+# Subjects for prose instructions; none is a bench prompt's (those are what
+# the heads are measured on, so they stay out of the training data).
+PROSE_SUBJECTS = (
+    "a clockmaker's apprentice", "a city garden on a rooftop", "the first snow of winter", "a lost library card",
+    "a night train across the desert", "a robot learning to paint", "an old bridge being repaired", "a beekeeper's morning",
+    "a chess club in a small town", "a ship's cook during a storm", "a map with a missing island", "a bakery at dawn",
+    "a violin found in an attic", "a mountain weather station", "a market that opens at midnight", "a letter never sent",
+    "a cat that rides the tram", "the last day of school", "a repair shop for radios", "a kite festival",
+    "compound interest", "how vaccines train the immune system", "why the sky is blue", "how a hash table works",
+    "public-key cryptography", "the water cycle", "how a compiler parses code", "photosynthesis",
+    "how GPS finds a position", "garbage collection in managed languages", "the causes of inflation", "how DNS resolves a name",
+    "binary search", "version control with git", "how an electric motor works", "the difference between threads and processes",
+    "unit testing", "how a refrigerator keeps food cold", "recursion", "the history of the printing press",
+)
+PROSE_TEMPLATES = (
+    "Write a short story (about 120 words) about {}.",
+    "Explain {} to a curious teenager, in two short paragraphs.",
+    "List six facts or ideas about {}, one per line, each with a short reason.",
+    "Write a four-line poem about {}.",
+)
+
+
+def _stdlib_instructions(stdlib: Path) -> list[str]:
+    """Chat instructions about the standard library's modules and functions
+    (summaries of their docstrings, functions to write from one-line specs)."""
+    import ast
+
+    out = []
+    for path in sorted(stdlib.glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        doc = ast.get_docstring(tree)
+        if doc and len(doc) > 120:
+            out.append(f"Summarize what this Python module does, in plain words:\n\n{doc[:700]}")
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                line = (ast.get_docstring(node) or "").strip().split("\n")[0]
+                if len(line) > 20:
+                    args = ", ".join(a.arg for a in node.args.args)
+                    out.append(f"Write a Python function `{node.name}({args})` that does this: {line} Add a docstring and a short example.")
+    return out
+
+
 def offline_corpus(count: int, *, lines: int = 30) -> list[str]:
-    """Prompts that exist on every machine, in a fixed order: the bench
-    workloads' prompts, then the openings of Python's own standard-library
-    modules (``lines`` lines each), then of its packages' modules (tests
-    included: ~13,000 files), so a large corpus needs no download."""
+    """Prompts that exist on every machine, in a fixed order, so a large
+    corpus needs no download: in turn, the opening of one of Python's own
+    standard-library modules (``lines`` lines each; then its packages'
+    modules, tests included: ~13,000 files), a chat instruction about the
+    standard library, and a prose instruction (the target's answers to
+    those are what free-form requests look like).  The bench's own prompts
+    are left out: they are what heads are measured on."""
     import sysconfig
 
-    from ..bench.workloads import WORKLOADS, prompts
+    from ..bench.workloads import chatml
 
-    corpus = [p.text for p in prompts(list(WORKLOADS), None)]
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     top = sorted(stdlib.glob("*.py"))
     deeper = sorted(p for p in stdlib.rglob("*.py") if p.parent != stdlib and "site-packages" not in p.parts)
-    for path in top + deeper:
-        if len(corpus) >= count:
-            break
-        try:
-            text = "".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[:lines])
-        except (OSError, UnicodeDecodeError):
-            continue
-        if len(text.strip()) > 40:
-            corpus.append(text)
-    return corpus[:count]
+
+    def openings():
+        for path in top + deeper:
+            try:
+                text = "".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[:lines])
+            except (OSError, UnicodeDecodeError):
+                continue
+            if len(text.strip()) > 40:
+                yield text
+
+    instructions = iter(chatml(text) for text in _stdlib_instructions(stdlib))
+    prose = iter(chatml(t.format(s)) for t in PROSE_TEMPLATES for s in PROSE_SUBJECTS)
+    sources = [openings(), instructions, instructions, prose]
+    corpus: list[str] = []
+    while len(corpus) < count and sources:
+        for source in list(sources):
+            text = next(source, None)
+            if text is None:
+                sources.remove(source)
+            elif len(corpus) < count:
+                corpus.append(text)
+    return corpus
