@@ -132,6 +132,11 @@ def run_real(args: argparse.Namespace) -> dict:
         from blackbox_spec.local.heads import MedusaProposer, load_medusa
 
         speculators["medusa"] = LocalSpeculator(target, None, tokenizer, proposer=MedusaProposer(load_medusa(args.heads, target, tokenizer)))
+    if args.eagle:
+        from blackbox_spec.local.eagle import EagleProposer, load_eagle
+
+        proposer = EagleProposer(load_eagle(args.eagle, target, tokenizer), depth=args.eagle_tree[0], expand=args.eagle_tree[1], nodes=args.eagle_tree[2])
+        speculators["eagle"] = LocalSpeculator(target, None, tokenizer, proposer=proposer)
     chosen = [p for p in PROMPTS if p.name in args.prompts]
     first = list(tokenizer(chosen[0].text)["input_ids"])
     costs = measure_costs(plain.target, loaded.draft, first, args.gammas, args.cost_repeats)
@@ -176,7 +181,14 @@ def run_real(args: argparse.Namespace) -> dict:
                 "speedup_per_prompt": {p.name: statistics.median(r[label]["speedup"] for r in runs if r["prompt"] == p.name and r["temperature"] == temperature) for p in chosen},
                 "tokens_per_target_forward_median": statistics.median(c["tokens_per_target_forward"] for c in cells),
             }
-            if label == "medusa":
+            if label in ("medusa", "eagle"):
+                workloads = {p.workload for p in chosen}
+                # The issue's figure: the mean accepted length (tokens per
+                # target forward, bonus included) per workload.
+                entry["tokens_per_target_forward_mean_per_workload"] = {
+                    w: statistics.fmean(r[label]["tokens_per_target_forward"] for r in runs
+                                        if r["temperature"] == temperature and next(p for p in chosen if p.name == r["prompt"]).workload == w)
+                    for w in sorted(workloads)}
                 per_depth = [c.get("accepted_per_depth", []) for c in cells]
                 entry["accepted_per_depth_per_forward_mean"] = [statistics.fmean(d[k] if k < len(d) else 0.0 for d in per_depth)
                                                                 for k in range(max(map(len, per_depth)))]
@@ -234,6 +246,9 @@ def main() -> int:
     parser.add_argument("--target-model", help="transformers folder of the target")
     parser.add_argument("--draft-model", help="transformers folder of the draft (same tokenizer)")
     parser.add_argument("--heads", help="Medusa heads trained for --target-model (bspec heads train): a tree side")
+    parser.add_argument("--eagle", help="an EAGLE head trained for --target-model (bspec heads train --kind eagle): a tree side")
+    parser.add_argument("--eagle-tree", type=int, nargs=3, default=[5, 4, 16], metavar=("DEPTH", "EXPAND", "NODES"),
+                        help="EAGLE-2's dynamic tree: depth, nodes expanded per depth (and children each), nodes verified")
     parser.add_argument("--random-init", nargs=2, metavar=("DRAFT", "TARGET"), choices=list(SHAPES), help="time random-init models of these shapes instead")
     parser.add_argument("--alpha", type=float, default=0.78, help="alpha for --random-init projections (default: 0.78)")
     parser.add_argument("--device", default="cpu")

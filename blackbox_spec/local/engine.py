@@ -202,7 +202,7 @@ class LocalSpeculator:
 
     @classmethod
     def from_pretrained(cls, target_path: str, draft_path: str | None = None, *, device: str = "cpu", dtype: str = "auto", gamma: int = DEFAULT_GAMMA,
-                        heads_path: str | None = None) -> "LocalSpeculator":
+                        heads_path: str | None = None, heads_kind: str = "medusa") -> "LocalSpeculator":
         """Load both models from transformers folders (no downloads) and check
         that they share a tokenizer; or the target and heads trained for it
         (``bspec heads train``), refused for any other target."""
@@ -217,7 +217,11 @@ class LocalSpeculator:
             draft = draft.to(device)
         target = target.to(device)
         proposer = None
-        if heads_path is not None:
+        if heads_path is not None and heads_kind == "eagle":
+            from .eagle import EagleProposer, load_eagle
+
+            proposer = EagleProposer(load_eagle(heads_path, target, tokenizer))
+        elif heads_path is not None:
             from .heads import MedusaProposer, load_medusa
 
             proposer = MedusaProposer(load_medusa(heads_path, target, tokenizer))
