@@ -3,8 +3,8 @@
 For each prompt, temperature and repeat it times plain autoregressive
 sampling (the target alone, one token per forward, through the same code)
 and speculative sampling at each gamma (a draft model), and with
-``--heads`` tree speculation from Medusa heads on the target itself, and
-reports medians of:
+``--heads`` / ``--eagle`` tree speculation from Medusa heads or an EAGLE
+head on the target itself, and reports medians of:
 
 - speedup: plain seconds per token / speculative seconds per token;
 - tokens per target forward (the bonus or recovered token counted: the
@@ -34,6 +34,8 @@ cannot travel to the device machine.
         --out bench/results/local-qwen-0.5b-1.5b-cpu.json
     python bench/local_target.py --target-model ~/.cache/blackbox_spec/models/hf/qwen2.5-coder-0.5b --heads HEADS \\
         --prompts story explain-tcp rename-inventory --out medusa.json
+    python bench/local_target.py --target-model ~/.cache/blackbox_spec/models/hf/qwen2.5-coder-0.5b --heads MEDUSA --eagle EAGLE \
+        --prompts hints-inventory port-js story sql --temperatures 0 0.7 --repeats 1 --out trees.json
     python bench/local_target.py --random-init qwen2.5-0.5b qwen2.5-7b --device cuda --alpha 0.78 \\
         --out local-random-cuda.json
 """

@@ -170,7 +170,7 @@ def test_an_eagle_head_trained_on_the_targets_own_text_guesses_it_better_resumes
     head = load_eagle(tmp_path / "eagle", model, tokenizer)
     assert math.isclose(eagle_accuracy(head, data)[0], details["held_out_top1"][0], abs_tol=1e-3)
     info = json.loads((tmp_path / "eagle" / "heads.json").read_text())
-    assert info["kind"] == "eagle" and info["draft_vocabulary"] == len(torch.unique(data.tokens))
+    assert info["kind"] == "eagle" and info["draft_vocabulary"] == model.config.vocab_size  # the BPE's first 32k: all of a tiny one
     other, _ = tiny_model(seed=1)
     other.config.num_hidden_layers = 3
     with pytest.raises(ConfigurationError, match="trained for another target"):
@@ -207,3 +207,23 @@ def test_bspec_run_local_with_an_eagle_head_writes_plain_greedy_and_refuses_medu
         assert main(args) != 0, args
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (args, err)
+
+
+def test_training_chains_see_what_a_drafted_node_sees():
+    """The training-time test's pass s at row j reads the chain the head
+    drafted from the confirmed text up to j - s + 1: equal to feeding that
+    chain from scratch (``chain_logprobs``), so training sees what drafting
+    will."""
+    from blackbox_spec.local.train_heads import chain_passes
+
+    model, _ = tiny_model()
+    head = noisy_head(model)
+    ids = [5, 9, 13, 20, 7, 11, 30, 41, 42, 43]
+    features = prompt_features(model, ids)
+    with torch.inference_mode():
+        passes = chain_passes(head, features[:-1], torch.tensor(ids[1:]), chain=3)
+    for s, j in ((2, 4), (3, 6), (3, 8), (2, 8)):
+        start = j - s + 1  # the last confirmed row
+        expected = chain_logprobs(head, features[: start + 1], ids[1 : start + 2], ids[start + 2 : j + 2])[-1]
+        got = head.draft_logits(passes[s - 1][j]).log_softmax(-1)
+        assert torch.allclose(got, expected, atol=1e-8), (s, j)
