@@ -133,7 +133,7 @@ def run_real(args: argparse.Namespace) -> dict:
     if args.heads:
         from blackbox_spec.local.heads import MedusaProposer, load_medusa
 
-        speculators["medusa"] = LocalSpeculator(target, None, tokenizer, proposer=MedusaProposer(load_medusa(args.heads, target, tokenizer)))
+        speculators["medusa"] = LocalSpeculator(target, None, tokenizer, proposer=MedusaProposer(load_medusa(args.heads, target, tokenizer), nodes=args.medusa_nodes))
     if args.eagle:
         from blackbox_spec.local.eagle import EagleProposer, load_eagle
 
@@ -248,6 +248,7 @@ def main() -> int:
     parser.add_argument("--target-model", help="transformers folder of the target")
     parser.add_argument("--draft-model", help="transformers folder of the draft (same tokenizer)")
     parser.add_argument("--heads", help="Medusa heads trained for --target-model (bspec heads train): a tree side")
+    parser.add_argument("--medusa-nodes", type=int, default=16, help="nodes of the Medusa sparse tree (heads with recorded accuracies; default: 16)")
     parser.add_argument("--eagle", help="an EAGLE head trained for --target-model (bspec heads train --kind eagle): a tree side")
     parser.add_argument("--eagle-tree", type=int, nargs=3, default=[5, 4, 16], metavar=("DEPTH", "EXPAND", "NODES"),
                         help="EAGLE-2's dynamic tree: depth, nodes expanded per depth (and children each), nodes verified")

@@ -323,6 +323,12 @@ def _add_heads_parser(commands) -> None:
     heads.add_argument("--max-tokens", type=_positive_int, default=128, help="tokens the target writes per prompt (default: 128)")
     heads.add_argument("--epochs", type=_positive_int, default=2, help="passes over the cached positions (default: 2)")
     heads.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    heads.add_argument("--chain", type=_positive_int, default=2,
+                       help="EAGLE: steps of the training-time test, the head learning from its own drafted features (default: 2; "
+                            "1 turns it off and makes an epoch ~3.5x faster on CPU)")
+    heads.add_argument("--init", metavar="DIR", default=None,
+                       help="EAGLE: start from the head in this folder (trained for the same target) instead of a copy of the target's last "
+                            "layer, e.g. to go on training on a larger corpus; --epochs counts this run's epochs")
     heads.add_argument("--continuations-from", metavar="URL", default=None,
                        help="an OpenAI-compatible server already running this same target (e.g. `bspec server start vllm --model "
                             "qwen2.5-coder-0.5b --dtype float32`, then http://127.0.0.1:8000/v1): it writes the continuations, many at "
@@ -699,17 +705,28 @@ def _heads(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from .drafters.hf import _import_hf, load_folder
-    from .local.train_heads import (CORPUS_VERSION, Sequences, distill_sequences, greedy_continuations, lm_head_agreement, offline_corpus,
+    from .local.train_heads import (Sequences, distill_sequences, greedy_continuations, lm_head_agreement, offline_corpus, prompt_key,
                                     server_continuations, train_eagle, train_medusa)
 
+    if args.init and args.kind != "eagle":
+        raise PromptError("--init starts an EAGLE head from another; Medusa heads train from scratch in seconds to minutes")
     torch, _ = _import_hf("bspec heads")
     out = Path(args.out)
     hint = "a .gguf file converts to one with `bspec server prepare vllm --model NAME`"
     model, tokenizer = load_folder(args.target, device=args.device, dtype="float32", role="target model", option="--device", hint=hint, feature="bspec heads")
     model = model.to(args.device).eval()
+    if args.init:
+        from .local.eagle import load_eagle
+
+        load_eagle(Path(args.init), model, tokenizer)  # refused now, not after an hour of answers
     out.mkdir(parents=True, exist_ok=True)
     prompts = offline_corpus(args.prompts)
-    cached = out / f"sequences-{CORPUS_VERSION}-{args.prompts}x{args.max_tokens}.pt"
+    keys = [prompt_key(p) for p in prompts]
+    # Both caches are keyed by prompt: more prompts, or a new corpus
+    # version, compute only what no earlier run did.  The answers are the
+    # slow part (minutes to hours) and are kept apart, so heads of another
+    # kind, or another target's folder, can start from them.
+    answers_path, hidden_path = out / f"answers-{args.max_tokens}.json", out / f"hidden-{args.max_tokens}.pt"
     with Progress(transient=True) as bar:
         tasks: dict[str, int] = {}
 
@@ -718,30 +735,38 @@ def _heads(args: argparse.Namespace) -> int:
                 tasks[what] = int(bar.add_task(what, total=total))
             bar.update(tasks[what], completed=done)
 
-        if cached.exists():
-            data = torch.load(cached, weights_only=True)
-        else:
-            # The continuations are the slow part (minutes to hours): kept
-            # apart, so new heads of another kind or size reuse them.
-            written = out / f"continuations-{CORPUS_VERSION}-{args.prompts}x{args.max_tokens}.json"
-            if written.exists():
-                answers = json.loads(written.read_text())
-            elif args.continuations_from:
-                answers = server_continuations(args.continuations_from, prompts, args.max_tokens, progress=progress)
+        answers = json.loads(answers_path.read_text()) if answers_path.exists() else {}
+        todo = [i for i, key in enumerate(keys) if key not in answers]
+        if todo:
+            asked = [prompts[i] for i in todo]
+            if args.continuations_from:
+                written = server_continuations(args.continuations_from, asked, args.max_tokens, progress=progress)
             else:
-                answers = greedy_continuations(model, tokenizer, prompts, args.max_tokens, progress)
-            written.write_text(json.dumps(answers))
-            held = max(1, len(prompts) // 10)
-            data = {"train": distill_sequences(model, tokenizer, prompts[:-held], answers[:-held], progress).__dict__,
-                    "held_out": distill_sequences(model, tokenizer, prompts[-held:], answers[-held:], progress).__dict__}
-            agreement = lm_head_agreement(model.get_output_embeddings(), Sequences(**data["train"]).medusa(1))
+                written = greedy_continuations(model, tokenizer, asked, args.max_tokens, progress)
+            answers.update((keys[i], ids) for i, ids in zip(todo, written))
+            answers_path.write_text(json.dumps(answers))
+        stored, stored_keys = None, []
+        if hidden_path.exists():
+            saved = torch.load(hidden_path, weights_only=True)
+            stored, stored_keys = Sequences(**saved["sequences"]), list(saved["keys"])
+        have = set(stored_keys)
+        todo = [i for i, key in enumerate(keys) if key not in have]
+        if todo:
+            fresh = distill_sequences(model, tokenizer, [prompts[i] for i in todo], [answers[keys[i]] for i in todo], progress)
+            agreement = lm_head_agreement(model.get_output_embeddings(), fresh.medusa(1))
             if agreement < 0.9:
                 raise ConfigurationError(f"the continuations are not this target's own greedy text (its next-token guess agrees with "
                                          f"{agreement:.0%} of them): does {args.continuations_from or 'the server'} run {args.target}?")
-            torch.save(data, cached)
-        train, held_out = Sequences(**data["train"]), Sequences(**data["held_out"])
+            stored = fresh if stored is None else Sequences.join([stored, fresh])
+            stored_keys += [keys[i] for i in todo]
+            torch.save({"keys": stored_keys, "sequences": stored.__dict__}, hidden_path)
+        where = {key: i for i, key in enumerate(stored_keys)}
+        held = max(1, len(prompts) // 10)
+        train, held_out = stored.pick([where[k] for k in keys[:-held]]), stored.pick([where[k] for k in keys[-held:]])
+        del stored
         if args.kind == "eagle":
-            details = train_eagle(model, tokenizer, train, held_out, out, epochs=args.epochs, progress=progress)
+            details = train_eagle(model, tokenizer, train, held_out, out, epochs=args.epochs, chain=args.chain,
+                                  init=Path(args.init) if args.init else None, progress=progress)
         else:
             details = train_medusa(model, tokenizer, train.medusa(args.heads), held_out.medusa(args.heads), out,
                                    heads=args.heads, epochs=args.epochs, progress=progress)

@@ -15,6 +15,7 @@ q must be rejected (p < 1e-6).
 from __future__ import annotations
 
 import copy
+import math
 import json
 
 import pytest
@@ -356,6 +357,18 @@ def test_medusa_heads_are_refused_for_another_target_and_untrained_heads_stay_ex
     tokens = speculate_tree(CachedLM(model), MedusaProposer(loaded), prompt, max_tokens=12, sampling=SamplingParams(temperature=0),
                             generator=torch.Generator().manual_seed(0), ends=set(), stats=GenerationStats(), local=LocalStats())
     assert tokens == plain[len(prompt):]
+    # With held-out accuracies per rank, the tree is Medusa's sparse one, and still exact.
+    loaded.rank_accuracy = [[0.5, 0.2, 0.1], [0.6, 0.3, 0.05], [0.7, 0.2, 0.1]]
+    sparse = MedusaProposer(loaded, nodes=7)
+    # Path scores 0.5, 0.3, 0.21, 0.2, 0.15, 0.12, 0.105; next would be (2,) at 0.1.
+    assert sparse.paths == [(0,), (0, 0), (0, 0, 0), (1,), (0, 1), (1, 0), (0, 1, 0)]
+    tree, _ = sparse.propose(torch.randn(1, model.config.hidden_size, dtype=torch.float64), torch.tensor([3]), SamplingParams(temperature=0),
+                             torch.Generator())
+    assert tree.parents.tolist() == [-1, 0, 1, -1, 0, 3, 4]
+    tokens = speculate_tree(CachedLM(model), sparse, prompt, max_tokens=12, sampling=SamplingParams(temperature=0),
+                            generator=torch.Generator().manual_seed(0), ends=set(), stats=GenerationStats(), local=LocalStats())
+    assert tokens == plain[len(prompt):]
+    assert MedusaProposer(loaded, shape=(2, 1, 1)).paths is None  # an explicit shape wins
 
 
 def test_medusa_heads_trained_on_the_targets_own_text_guess_it_better_and_resume(tmp_path):
@@ -382,7 +395,9 @@ def test_medusa_heads_trained_on_the_targets_own_text_guess_it_better_and_resume
     assert torch.load(tmp_path / "heads" / "checkpoint.pt", weights_only=True)["epoch"] == 40
     again = train_medusa(model, tokenizer, data, data, tmp_path / "heads", heads=2, epochs=40)
     assert again["train_seconds"] == details["train_seconds"]  # resumed at the end: nothing more to train
-    assert load_medusa(tmp_path / "heads", model, tokenizer) is not None
+    loaded = load_medusa(tmp_path / "heads", model, tokenizer)
+    for j, row in enumerate(loaded.rank_accuracy):  # per rank, recorded for the sparse tree: they add up to top-1 and top-10
+        assert math.isclose(row[0], details["held_out_top1"][j], abs_tol=1e-3) and math.isclose(sum(row), details["held_out_top10"][j], abs_tol=2e-3)
     other = distill(model, tokenizer, prompts[:2], answers[:2], heads=2)
     with pytest.raises(ConfigurationError, match="another training run"):
         train_medusa(model, tokenizer, other, other, tmp_path / "heads", heads=2, epochs=41)
@@ -489,3 +504,65 @@ def test_bspec_run_local_with_medusa_heads_writes_plain_greedy_and_refuses_misus
         assert main(args) != 0, args
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (args, err)
+
+
+def test_a_larger_corpus_reuses_every_cached_answer_and_hidden_state_and_an_eagle_head_starts_from_another(tmp_path, capsys, monkeypatch):
+    """The caches are keyed by prompt: going from 3 to 5 prompts asks the
+    target for 2 answers and 2 forwards, keeps the first 3 rows as they
+    were, and ``--init`` starts an EAGLE head from a trained one."""
+    from blackbox_spec import cli
+    from blackbox_spec.local import train_heads
+    from blackbox_spec.local.train_heads import Sequences, offline_corpus, prompt_key
+
+    from .tiny_models import tiny_model
+
+    model, tokenizer = tiny_model()
+    model.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    asked: list[int] = []
+    original = train_heads.greedy_continuations, train_heads.distill_sequences
+
+    def counting_continuations(model, tokenizer, prompts, max_tokens, progress=None):
+        asked.append(len(prompts))
+        return original[0](model, tokenizer, prompts, max_tokens, progress)
+
+    def counting_forwards(model, tokenizer, prompts, continuations, progress=None):
+        asked.append(-len(prompts))
+        return original[1](model, tokenizer, prompts, continuations, progress)
+
+    monkeypatch.setattr(train_heads, "greedy_continuations", counting_continuations)
+    monkeypatch.setattr(train_heads, "distill_sequences", counting_forwards)
+    args = ["heads", "train", "--target", str(tmp_path / "target"), "--kind", "eagle", "--max-tokens", "6", "--epochs", "1"]
+    assert cli.main(args + ["--prompts", "3", "--out", str(tmp_path / "small")]) == 0
+    first = torch.load(tmp_path / "small" / "hidden-6.pt", weights_only=True)
+    (tmp_path / "big").mkdir()
+    for name in ("answers-6.json", "hidden-6.pt"):
+        (tmp_path / "big" / name).write_bytes((tmp_path / "small" / name).read_bytes())
+    assert cli.main(args + ["--prompts", "5", "--out", str(tmp_path / "big"), "--init", str(tmp_path / "small")]) == 0
+    assert asked == [3, -3, 2, -2]
+    prompts = offline_corpus(5)
+    answers = json.loads((tmp_path / "big" / "answers-6.json").read_text())
+    assert sorted(answers) == sorted(prompt_key(p) for p in prompts)
+    grown = torch.load(tmp_path / "big" / "hidden-6.pt", weights_only=True)
+    assert grown["keys"][:3] == first["keys"] == [prompt_key(p) for p in prompts[:3]]
+    old, new = Sequences(**first["sequences"]), Sequences(**grown["sequences"])
+    assert torch.equal(new.pick([0, 1, 2]).hidden, old.hidden) and torch.equal(new.pick([2, 0]).tokens, old.pick([2, 0]).tokens)
+    info = json.loads((tmp_path / "big" / "heads.json").read_text())
+    assert info["started_from"] == str(tmp_path / "small") and info["epochs"] == 1
+    assert cli.main(args[:4] + ["--kind", "medusa", "--out", str(tmp_path / "m"), "--init", str(tmp_path / "small")]) != 0
+    assert cli.main(args + ["--out", str(tmp_path / "e"), "--init", str(tmp_path / "nothing")]) != 0
+    err = capsys.readouterr().err
+    assert "--init starts an EAGLE head" in err and "Traceback" not in err
+
+
+def test_the_offline_corpus_holds_edits_sql_and_prose_but_no_bench_prompt_and_no_repeat():
+    from blackbox_spec.bench.workloads import PROMPTS
+    from blackbox_spec.local.train_heads import offline_corpus
+
+    corpus = offline_corpus(1400)
+    assert len(corpus) == len(set(corpus)) == 1400
+    assert not {p.text for p in PROMPTS} & set(corpus)
+    assert offline_corpus(700) == corpus[:700]  # a larger corpus extends a smaller one: caches grow
+    for marker, least in (("Add type hints to this function", 100), ("Port this function to JavaScript", 100),
+                          ("Rename the function", 100), ("SQL query", 60), ("short story", 20)):
+        assert sum(marker in p for p in corpus) >= least, marker

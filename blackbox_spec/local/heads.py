@@ -31,6 +31,9 @@ from .tree import ROOT, DraftTree
 # (every other node gets one): a full (4, 2, 2, 1) tree has 4 + 8 + 16 + 16
 # nodes, too many for a CPU forward, so only the best parent widens.
 DEFAULT_TREE = (4, 3, 2, 1)
+# Nodes of the sparse tree built from held-out accuracies (the static
+# (4, 3, 2) tree of three heads has 17).
+SPARSE_NODES = 16
 VOLATILE_CONFIG_KEYS = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures", "use_cache"}
 
 
@@ -108,7 +111,48 @@ def load_medusa(folder: Path, target: Any, tokenizer: Any) -> MedusaHeads:
         raise ConfigurationError(f"the heads in {folder} are {info.get('kind')!r} heads, not medusa")
     heads = MedusaHeads(int(info["hidden"]), int(info["heads"]), target.get_output_embeddings())
     heads.load_state_dict(torch.load(Path(folder) / "heads.pt", map_location="cpu", weights_only=True), strict=False)
+    heads.rank_accuracy = info.get("held_out_rank_accuracy")  # heads trained before it was recorded have none
     return heads.to(next(target.parameters()).device, next(target.parameters()).dtype).eval()
+
+
+def sparse_tree(rank_accuracy: Sequence[Sequence[float]], nodes: int = SPARSE_NODES) -> list[tuple[int, ...]]:
+    """Medusa's accuracy-optimised tree: the ``nodes`` paths of candidate
+    ranks (r_1, ..., r_d) likeliest to be accepted, a path's chance taken
+    as the product of its heads' held-out accuracies at those ranks
+    (``rank_accuracy[k][r]``; heads treated as independent, as Medusa
+    does).  A path never scores above its prefix, so best-first order
+    yields a tree, each path after its parent.
+
+    >>> sparse_tree([[0.6, 0.2], [0.5, 0.3]], nodes=4)  # 0.6, 0.3, 0.2, 0.18 (then 0.1)
+    [(0,), (0, 0), (1,), (0, 1)]
+    """
+    import heapq
+
+    frontier = [(-a, (r,)) for r, a in enumerate(rank_accuracy[0]) if a > 0]
+    heapq.heapify(frontier)
+    paths: list[tuple[int, ...]] = []
+    while frontier and len(paths) < nodes:
+        score, path = heapq.heappop(frontier)
+        paths.append(path)
+        if len(path) < len(rank_accuracy):
+            for r, a in enumerate(rank_accuracy[len(path)]):
+                if a > 0:
+                    heapq.heappush(frontier, (score * a, path + (r,)))
+    return paths
+
+
+def tree_of_paths(top: Sequence[torch.Tensor], paths: Sequence[tuple[int, ...]]) -> tuple[list[int], list[int]]:
+    """(tokens, parents) of a tree given as rank paths, each after its
+    parent: the node for path (r_1..r_d) holds the depth-d head's r_d-th
+    guess."""
+    index = {(): ROOT}
+    tokens: list[int] = []
+    parents: list[int] = []
+    for path in paths:
+        tokens.append(int(top[len(path) - 1][path[-1]]))
+        parents.append(index[path[:-1]])
+        index[path] = len(tokens) - 1
+    return tokens, parents
 
 
 def static_tree(top: Sequence[torch.Tensor], shape: Sequence[int] = DEFAULT_TREE) -> tuple[list[int], list[int], list[int]]:
@@ -141,9 +185,14 @@ class MedusaProposer:
     top-k, picked deterministically, so each node's q is one-hot at its
     token (the multi-draft rule stays lossless at any temperature)."""
 
-    def __init__(self, heads: MedusaHeads, shape: Sequence[int] = DEFAULT_TREE) -> None:
+    def __init__(self, heads: MedusaHeads, shape: Sequence[int] | None = None, nodes: int = SPARSE_NODES) -> None:
+        """The tree: ``shape`` (see :func:`static_tree`) if given, else the
+        sparse tree of ``nodes`` from the heads' held-out accuracies where
+        their folder records them, else :data:`DEFAULT_TREE`."""
         self.heads = heads
-        self.shape = tuple(shape[: len(heads.blocks)])
+        rank_accuracy = getattr(heads, "rank_accuracy", None)
+        self.paths = sparse_tree(rank_accuracy[: len(heads.blocks)], nodes) if shape is None and rank_accuracy else None
+        self.shape = tuple((shape or DEFAULT_TREE)[: len(heads.blocks)])
 
     def reset(self) -> None:
         pass  # heads read only the newest feature
@@ -153,9 +202,9 @@ class MedusaProposer:
         with torch.inference_mode():
             logits = self.heads(features[-1])  # [K, V]
         probs = sampling_probs(logits, sampling) if not sampling.greedy else logits
-        width = max(self.shape)
+        width = max(self.shape) if self.paths is None else 1 + max(path[-1] for path in self.paths)
         top = [row.topk(width).indices for row in probs]
-        tokens, parents, _ = static_tree(top, self.shape)
+        tokens, parents = tree_of_paths(top, self.paths) if self.paths else static_tree(top, self.shape)[:2]
         tree = DraftTree(torch.tensor(tokens), torch.tensor(parents))
         q = nn.functional.one_hot(tree.tokens, logits.shape[-1]).to(logits.dtype)
         return tree, q

@@ -123,6 +123,17 @@ class Sequences:
     lengths: torch.Tensor  # [S] int64
     prompt_lengths: torch.Tensor  # [S] int64
 
+    def pick(self, which: Sequence[int]) -> "Sequences":
+        """The texts numbered ``which``, in that order."""
+        which = torch.as_tensor(list(which), dtype=torch.long)
+        starts = torch.cumsum(self.lengths, 0) - self.lengths
+        rows = torch.cat([torch.arange(int(starts[i]), int(starts[i] + self.lengths[i])) for i in which]) if len(which) else torch.zeros(0, dtype=torch.long)
+        return Sequences(self.hidden[rows], self.tokens[rows], self.lengths[which], self.prompt_lengths[which])
+
+    @staticmethod
+    def join(parts: Sequence["Sequences"]) -> "Sequences":
+        return Sequences(*(torch.cat([getattr(p, name) for p in parts]) for name in ("hidden", "tokens", "lengths", "prompt_lengths")))
+
     def texts(self):
         """(hidden [T, H], tokens [T], prompt length) per text."""
         start = 0
@@ -141,6 +152,12 @@ class Sequences:
             following_rows.append(torch.where(ahead < length, tokens[ahead.clamp(max=length - 1)], -1))
             hidden_rows.append(states[positions])
         return Distilled(torch.cat(hidden_rows), torch.cat(following_rows))
+
+
+def prompt_key(prompt: str) -> str:
+    """Names a prompt in the caches: the answers and hidden states of a
+    corpus that grows (or changes version) are computed once per prompt."""
+    return hashlib.sha256(prompt.encode()).hexdigest()[:20]
 
 
 def distill_sequences(model: Any, tokenizer: Any, prompts: Sequence[str], continuations: Sequence[Sequence[int]],
@@ -176,6 +193,7 @@ class HeadAccuracy:
     topk: list[float] = field(default_factory=list)
     k: int = 5
     lm_head_top1: float = 0.0  # the LM head's own next-token accuracy: a check of the data
+    per_rank: list[list[float]] = field(default_factory=list)  # [head][r]: how often its r-th guess is right (a sparse tree's input)
 
 
 def accuracy(heads: MedusaHeads, data: Distilled, k: int = 5, batch: int = 512) -> HeadAccuracy:
@@ -183,6 +201,7 @@ def accuracy(heads: MedusaHeads, data: Distilled, k: int = 5, batch: int = 512) 
     target lies past a text's end are left out)."""
     K = len(heads.blocks)
     hits1, hitsk, seen = torch.zeros(K), torch.zeros(K), torch.zeros(K)
+    rank_hits = torch.zeros(K, k)
     lm_hits = lm_seen = 0
     with torch.inference_mode():
         for i in range(0, len(data), batch):
@@ -197,9 +216,10 @@ def accuracy(heads: MedusaHeads, data: Distilled, k: int = 5, batch: int = 512) 
                 valid = want >= 0
                 hits1[j] += float((top[j, :, 0] == want)[valid].sum())
                 hitsk[j] += float((top[j] == want.unsqueeze(-1)).any(-1)[valid].sum())
+                rank_hits[j] += (top[j] == want.unsqueeze(-1))[valid].sum(0).float()
                 seen[j] += float(valid.sum())
     seen = seen.clamp_min(1)
-    return HeadAccuracy((hits1 / seen).tolist(), (hitsk / seen).tolist(), k, lm_hits / max(1, lm_seen))
+    return HeadAccuracy((hits1 / seen).tolist(), (hitsk / seen).tolist(), k, lm_hits / max(1, lm_seen), (rank_hits / seen[:, None]).tolist())
 
 
 def train_medusa(
@@ -261,11 +281,12 @@ def train_medusa(
         spent += time.perf_counter() - started
         torch.save({"blocks": medusa.blocks.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
                     "seconds": spent, "fingerprint": fingerprint, "heads": heads}, checkpoint)
-    scores = accuracy(medusa.eval(), held_out)
+    scores = accuracy(medusa.eval(), held_out, k=10)
     details = {"hidden": hidden_size, "heads": heads, "epochs": epochs, "train_positions": len(train), "held_out_positions": len(held_out),
                "trained_vocabulary": len(seen),
                "train_seconds": round(spent, 1), "held_out_top1": [round(a, 4) for a in scores.top1],
-               f"held_out_top{scores.k}": [round(a, 4) for a in scores.topk], "lm_head_top1": round(scores.lm_head_top1, 4)}
+               f"held_out_top{scores.k}": [round(a, 4) for a in scores.topk], "lm_head_top1": round(scores.lm_head_top1, 4),
+               "held_out_rank_accuracy": [[round(a, 4) for a in row] for row in scores.per_rank]}
     save_heads(out, medusa, "medusa", target_identity(model.config, tokenizer), **details)
     (out / "training.json").write_text(json.dumps(details, indent=1))
     return details
@@ -362,6 +383,7 @@ def train_eagle(
     classify: float = 0.1,
     chain: int = 2,
     seed: int = 0,
+    init: Path | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) an EAGLE head (:mod:`.eagle`) on whole texts: at
@@ -371,8 +393,10 @@ def train_eagle(
     ``classify``).  Input features get uniform noise of ``noise`` times
     their scale (EAGLE-1: drafting feeds back predicted, imperfect ones).
     With ``chain`` > 1 it also learns from its own predictions as drafting
-    uses them (a training-time test, after EAGLE-3): see :func:`_chain_losses`."""
-    from .eagle import new_head
+    uses them (a training-time test, after EAGLE-3): see :func:`_chain_losses`.
+    ``init``: an EAGLE heads folder for this target to start from (more
+    data for a trained head costs epochs, not a run from scratch)."""
+    from .eagle import load_eagle, new_head
 
     out.mkdir(parents=True, exist_ok=True)
     # The draft vocabulary: the data's tokens and the BPE's first merges
@@ -398,6 +422,10 @@ def train_eagle(
         history = list(saved.get("held_out_top1_per_epoch", []))
     else:
         history = []
+        if init is not None:
+            started_from = load_eagle(init, model, tokenizer).trainable_state()
+            started_from.pop("vocab", None)  # this run's data decides it
+            head.load_state_dict(started_from, strict=False)
     scale = float(train.hidden[:4096].abs().mean())
     # The target's own next token at every position, over the draft
     # vocabulary: the classification labels (in a continuation, the token
@@ -438,7 +466,8 @@ def train_eagle(
                     "seconds": spent, "fingerprint": fingerprint, "held_out_top1_per_epoch": history}, checkpoint)
     head.eval()
     top1, top5 = eagle_accuracy(head, held_out)
-    details = {"hidden": int(train.hidden.shape[1]), "epochs": epochs, "train_positions": len(train.tokens), "held_out_positions": len(held_out.tokens),
+    details = {"hidden": int(train.hidden.shape[1]), "epochs": epochs, "started_from": None if init is None else str(init),
+               "train_positions": len(train.tokens), "held_out_positions": len(held_out.tokens),
                "draft_vocabulary": len(vocab), "chain": chain, "train_seconds": round(spent, 1), "held_out_top1": [round(top1, 4)], "held_out_top5": [round(top5, 4)],
                "held_out_top1_per_epoch": history}
     save_heads(out, head, "eagle", target_identity(model.config, tokenizer), **details)
@@ -446,8 +475,9 @@ def train_eagle(
     return details
 
 
-# Names cached data: bump it when offline_corpus changes what it returns.
-CORPUS_VERSION = "c2"
+# Names the corpus in reports (caches are keyed by each prompt, so a new
+# version reuses every answer and hidden state it shares with an old one).
+CORPUS_VERSION = "c3"
 
 # Subjects for prose instructions; none is a bench prompt's (those are what
 # the heads are measured on, so they stay out of the training data).
@@ -468,7 +498,48 @@ PROSE_TEMPLATES = (
     "Explain {} to a curious teenager, in two short paragraphs.",
     "List six facts or ideas about {}, one per line, each with a short reason.",
     "Write a four-line poem about {}.",
+    "Write a short newsletter paragraph about {}.",
+    "Give five tips about {}, as a numbered list.",
 )
+
+# Tables for SQL requests (the bench's sql prompt uses customers/orders,
+# which stay out): (schema, questions about it).
+SQL_TABLES = (
+    ("employees(id, name, department_id, salary, hired_at) and departments(id, name)",
+     ("the average salary per department, highest first", "the three most recently hired employees in each department",
+      "departments with more than ten employees", "employees who earn more than their department's average")),
+    ("products(id, name, category, price) and order_items(id, order_id, product_id, quantity)",
+     ("the five best-selling products by quantity", "total revenue per category", "products that were never ordered",
+      "the most expensive product in each category")),
+    ("students(id, name, year) and grades(id, student_id, course, score)",
+     ("each student's average score", "the top student in every course", "students who failed at least two courses",
+      "the number of students per year with an average above 80")),
+    ("books(id, title, author_id, published_year) and authors(id, name, country)",
+     ("authors with more than three books", "the newest book of every author", "the number of books per country",
+      "books published in the same year as another book by the same author")),
+    ("flights(id, origin, destination, departs_at, price) and bookings(id, flight_id, passenger, booked_at)",
+     ("the ten busiest routes by bookings", "flights with no bookings", "the average price per origin airport",
+      "passengers who booked more than five flights in 2023")),
+    ("posts(id, user_id, title, created_at) and comments(id, post_id, user_id, body, created_at)",
+     ("the posts with the most comments", "users who commented on their own posts", "the number of posts per month in 2024",
+      "posts without any comment in their first week")),
+    ("patients(id, name, born_on) and visits(id, patient_id, doctor, visited_at, cost)",
+     ("total cost per patient", "each doctor's number of distinct patients", "patients with no visit in the last year",
+      "the month with the most visits")),
+    ("films(id, title, rating, length) and rentals(id, film_id, customer_id, rented_at, returned_at)",
+     ("the most rented film per rating", "rentals returned late, after seven days", "the average rental length per film",
+      "customers who rented the same film twice")),
+    ("sensors(id, location) and readings(id, sensor_id, value, taken_at)",
+     ("the latest reading of every sensor", "the daily average per location", "sensors silent for the last 24 hours",
+      "the three highest readings per sensor")),
+    ("users(id, email, signed_up_at) and logins(id, user_id, logged_in_at, ip)",
+     ("users who never logged in", "the number of logins per day for the last week", "users seen from more than three IPs",
+      "the first login of every user")),
+)
+SQL_TEMPLATES = ("Write an SQL query that returns {q}, from tables {t}. Explain it briefly.",
+                 "Using tables {t}, write an SQL query for {q}. Add a comment to each clause.")
+
+_EDIT = "Reply with the complete updated code in one code block and nothing else.\n\n"
 
 
 def _stdlib_instructions(stdlib: Path) -> list[str]:
@@ -494,14 +565,58 @@ def _stdlib_instructions(stdlib: Path) -> list[str]:
     return out
 
 
+def _stdlib_functions(stdlib: Path, *, shortest: int = 6, longest: int = 30):
+    """(name, source, source without its docstring) of the standard library's
+    top-level functions of ``shortest``..``longest`` lines."""
+    import ast
+
+    for path in sorted(stdlib.glob("*.py")):
+        try:
+            text = path.read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = text.splitlines(keepends=True)
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef) or not shortest <= node.end_lineno - node.lineno + 1 <= longest:
+                continue
+            source = "".join(lines[node.lineno - 1 : node.end_lineno])
+            bare = source
+            first = node.body[0]
+            if ast.get_docstring(node) and len(node.body) > 1:
+                cut = set(range(first.lineno - node.lineno, first.end_lineno - node.lineno + 1))
+                bare = "".join(line for i, line in enumerate(source.splitlines(keepends=True)) if i not in cut)
+            yield node.name, source, bare
+
+
+def _stdlib_edits(stdlib: Path) -> list[str]:
+    """Code-edit requests on standard-library functions, in turn: type
+    hints, docstrings, a rename, a port to JavaScript (the answers copy
+    most of the prompt, as users' edits do, and the port writes JS)."""
+    out = []
+    for i, (name, source, bare) in enumerate(_stdlib_functions(stdlib)):
+        task = i % 4
+        if task == 0:
+            out.append(f"Add type hints to this function. {_EDIT}```python\n{source}```")
+        elif task == 1:
+            out.append(f"Add a one-line docstring to this function. {_EDIT}```python\n{bare}```")
+        elif task == 2:
+            out.append(f"Rename the function `{name}` to `{name}_impl` everywhere. {_EDIT}```python\n{source}```")
+        else:
+            out.append(f"Port this function to JavaScript. Reply with the JavaScript in one code block and nothing else.\n\n```python\n{bare}```")
+    return out
+
+
 def offline_corpus(count: int, *, lines: int = 30) -> list[str]:
     """Prompts that exist on every machine, in a fixed order, so a large
     corpus needs no download: in turn, the opening of one of Python's own
     standard-library modules (``lines`` lines each; then its packages'
     modules, tests included: ~13,000 files), a chat instruction about the
-    standard library, and a prose instruction (the target's answers to
-    those are what free-form requests look like).  The bench's own prompts
-    are left out: they are what heads are measured on."""
+    standard library, a prose instruction, a code edit of a standard-library
+    function, and an SQL request (the target's answers to those are what
+    free-form and code-edit requests look like).  Sources that run out drop
+    out of the turn.  The bench's own prompts are left out: they are what
+    heads are measured on."""
     import sysconfig
 
     from ..bench.workloads import chatml
@@ -521,13 +636,15 @@ def offline_corpus(count: int, *, lines: int = 30) -> list[str]:
 
     instructions = iter(chatml(text) for text in _stdlib_instructions(stdlib))
     prose = iter(chatml(t.format(s)) for t in PROSE_TEMPLATES for s in PROSE_SUBJECTS)
-    sources = [openings(), instructions, instructions, prose]
-    corpus: list[str] = []
+    edits = iter(chatml(text) for text in _stdlib_edits(stdlib))
+    sql = iter(chatml(template.format(q=q, t=t)) for template in SQL_TEMPLATES for t, questions in SQL_TABLES for q in questions)
+    sources = [openings(), instructions, instructions, prose, edits, edits, sql]
+    corpus: dict[str, None] = {}  # ordered, without repeats
     while len(corpus) < count and sources:
         for source in list(sources):
             text = next(source, None)
             if text is None:
                 sources.remove(source)
             elif len(corpus) < count:
-                corpus.append(text)
-    return corpus
+                corpus[text] = None
+    return list(corpus)
