@@ -39,7 +39,7 @@ def main() -> int:
         text = by_name[name].text
         answer = greedy_continuations(model, tokenizer, [text], args.max_tokens)[0]
         data = distill_sequences(model, tokenizer, [text], [answer])
-        row = {"prompt": name, "kind": by_name[name].kind}
+        row = {"prompt": name, "workload": by_name[name].workload}
         for folder, head in heads.items():
             top1, top4 = eagle_accuracy(head, data, k=4)
             row[folder] = {"top1": round(top1, 4), "top4": round(top4, 4)}
