@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -477,7 +478,7 @@ def train_eagle(
 
 # Names the corpus in reports (caches are keyed by each prompt, so a new
 # version reuses every answer and hidden state it shares with an old one).
-CORPUS_VERSION = "c3"
+CORPUS_VERSION = "c4"
 
 # Subjects for prose instructions; none is a bench prompt's (those are what
 # the heads are measured on, so they stay out of the training data).
@@ -492,6 +493,24 @@ PROSE_SUBJECTS = (
     "how GPS finds a position", "garbage collection in managed languages", "the causes of inflation", "how DNS resolves a name",
     "binary search", "version control with git", "how an electric motor works", "the difference between threads and processes",
     "unit testing", "how a refrigerator keeps food cold", "recursion", "the history of the printing press",
+)
+# More subjects (version c4): prose was the heads' weakest kind after c3.
+MORE_PROSE_SUBJECTS = (
+    "a fisherman who hears singing under the ice", "a girl who repairs bicycles", "a detective who cannot smell", "a town without clocks",
+    "an astronaut's first night home", "a dog waiting at a station", "a gardener who grows only blue flowers", "a museum guard at night",
+    "two rivals on a long bus ride", "a scientist whose experiment talks back", "a farmer during a drought", "a child who collects keys",
+    "a translator at a peace conference", "a baker who forgets a recipe", "a postman in a mountain village", "a magician's last show",
+    "an old tree in a city square", "a sailor lost in fog", "a new teacher's first week", "a lighthouse turned into a hotel",
+    "how airplanes stay in the air", "how batteries store energy", "how the heart pumps blood", "why leaves change colour",
+    "how a search engine ranks pages", "how solar panels work", "supply and demand", "how earthquakes happen",
+    "how a CPU executes instructions", "how memory caches speed up programs", "what an API is", "how encryption protects messages",
+    "how databases use indexes", "how a neural network learns", "the difference between TCP and UDP", "how web browsers render a page",
+    "how a bill becomes a law", "why we sleep", "how tides work", "how antibiotics work",
+    "good habits for writing readable code", "planning a small vegetable garden", "saving money on groceries", "learning a new language",
+    "preparing for a job interview", "keeping a houseplant alive", "running a first 5k", "organising a small team meeting",
+    "writing a clear email", "debugging a program step by step", "choosing a laptop", "reducing food waste",
+    "sorting algorithms", "the history of the internet", "climate and weather", "the solar system",
+    "the Roman aqueducts", "the invention of the telephone", "volcanoes", "coral reefs",
 )
 PROSE_TEMPLATES = (
     "Write a short story (about 120 words) about {}.",
@@ -607,16 +626,28 @@ def _stdlib_edits(stdlib: Path) -> list[str]:
     return out
 
 
+def _stdlib_questions(stdlib: Path) -> list[str]:
+    """Open questions about the standard library's public modules and
+    packages: the answers are prose with a little code, as most chat is."""
+    names = sorted({p.stem for p in stdlib.glob("*.py")} | {p.name for p in stdlib.iterdir() if (p / "__init__.py").exists()})
+    names = [n for n in names if not n.startswith("_") and n != "this"]
+    return [template.format(n) for template in (
+        "What is Python's `{}` module for? Explain in two short paragraphs, with one small example.",
+        "List five things to know before using Python's `{}` module, one per line, each with a short reason.",
+    ) for n in names]
+
+
 def offline_corpus(count: int, *, lines: int = 30) -> list[str]:
     """Prompts that exist on every machine, in a fixed order, so a large
     corpus needs no download: in turn, the opening of one of Python's own
     standard-library modules (``lines`` lines each; then its packages'
     modules, tests included: ~13,000 files), a chat instruction about the
-    standard library, a prose instruction, a code edit of a standard-library
-    function, and an SQL request (the target's answers to those are what
-    free-form and code-edit requests look like).  Sources that run out drop
-    out of the turn.  The bench's own prompts are left out: they are what
-    heads are measured on."""
+    standard library, a prose instruction, an open question about a
+    standard-library module, code edits of standard-library functions, an
+    SQL request and another prose instruction (the target's answers to
+    those are what free-form and code-edit requests look like).  Sources
+    that run out drop out of the turn.  The bench's own prompts are left
+    out: they are what heads are measured on."""
     import sysconfig
 
     from ..bench.workloads import chatml
@@ -635,10 +666,13 @@ def offline_corpus(count: int, *, lines: int = 30) -> list[str]:
                 yield text
 
     instructions = iter(chatml(text) for text in _stdlib_instructions(stdlib))
-    prose = iter(chatml(t.format(s)) for t in PROSE_TEMPLATES for s in PROSE_SUBJECTS)
+    prose = itertools.chain((chatml(t.format(s)) for t in PROSE_TEMPLATES for s in PROSE_SUBJECTS),
+                            (chatml(t.format(s)) for t in PROSE_TEMPLATES for s in MORE_PROSE_SUBJECTS))
+    questions = iter(chatml(text) for text in _stdlib_questions(stdlib))
     edits = iter(chatml(text) for text in _stdlib_edits(stdlib))
     sql = iter(chatml(template.format(q=q, t=t)) for template in SQL_TEMPLATES for t, questions in SQL_TABLES for q in questions)
-    sources = [openings(), instructions, instructions, prose, edits, edits, sql]
+    # Prose twice a turn: the heads' weakest kind (c3's bench figures).
+    sources = [openings(), instructions, prose, questions, edits, edits, sql, prose]
     corpus: dict[str, None] = {}  # ordered, without repeats
     while len(corpus) < count and sources:
         for source in list(sources):
