@@ -201,8 +201,7 @@ def accuracy(heads: MedusaHeads, data: Distilled, k: int = 5, batch: int = 512) 
     """Top-1 and top-k accuracy of each head on ``data`` (positions whose
     target lies past a text's end are left out)."""
     K = len(heads.blocks)
-    hits1, hitsk, seen = torch.zeros(K), torch.zeros(K), torch.zeros(K)
-    rank_hits = torch.zeros(K, k)
+    rank_hits, seen = torch.zeros(K, k), torch.zeros(K)  # top-1 and top-k add these up
     lm_hits = lm_seen = 0
     with torch.inference_mode():
         for i in range(0, len(data), batch):
@@ -215,12 +214,10 @@ def accuracy(heads: MedusaHeads, data: Distilled, k: int = 5, batch: int = 512) 
             for j in range(K):
                 want = following[:, j + 1]
                 valid = want >= 0
-                hits1[j] += float((top[j, :, 0] == want)[valid].sum())
-                hitsk[j] += float((top[j] == want.unsqueeze(-1)).any(-1)[valid].sum())
                 rank_hits[j] += (top[j] == want.unsqueeze(-1))[valid].sum(0).float()
                 seen[j] += float(valid.sum())
-    seen = seen.clamp_min(1)
-    return HeadAccuracy((hits1 / seen).tolist(), (hitsk / seen).tolist(), k, lm_hits / max(1, lm_seen), (rank_hits / seen[:, None]).tolist())
+    per_rank = rank_hits / seen.clamp_min(1)[:, None]  # a token sits at one rank at most
+    return HeadAccuracy(per_rank[:, 0].tolist(), per_rank.sum(1).tolist(), k, lm_hits / max(1, lm_seen), per_rank.tolist())
 
 
 def train_medusa(
@@ -476,9 +473,9 @@ def train_eagle(
     return details
 
 
-# Names the corpus in reports (caches are keyed by each prompt, so a new
-# version reuses every answer and hidden state it shares with an old one).
-CORPUS_VERSION = "c4"
+# The corpus is at version c4 (notes and bench results name versions; the
+# caches are keyed by each prompt, so a new version reuses every answer and
+# hidden state it shares with an old one).
 
 # Subjects for prose instructions; none is a bench prompt's (those are what
 # the heads are measured on, so they stay out of the training data).
