@@ -227,3 +227,32 @@ def test_training_chains_see_what_a_drafted_node_sees():
         expected = chain_logprobs(head, features[: start + 1], ids[1 : start + 2], ids[start + 2 : j + 2])[-1]
         got = head.draft_logits(passes[s - 1][j]).log_softmax(-1)
         assert torch.allclose(got, expected, atol=1e-8), (s, j)
+
+
+def test_soft_labels_of_one_hot_distributions_give_the_hard_label_loss_and_train_a_head(tmp_path):
+    """EAGLE's soft labels (the target's whole next-token distribution) are
+    the hard-label loss when that distribution is one-hot, and a head trained
+    on them learns the target's own text as the hard-label one does."""
+    from blackbox_spec.local.train_heads import _chain_losses, distill_sequences, eagle_accuracy, greedy_continuations, train_eagle
+
+    model, tokenizer = tiny_model()
+    head = noisy_head(model)
+    ids = [5, 9, 13, 20, 7, 11, 30, 41, 42, 43]
+    features = prompt_features(model, ids)
+    labels = torch.tensor([3, 17, 2, 40, 40, 9, 1, 0, 8])
+    one_hot = torch.nn.functional.one_hot(labels, model.config.vocab_size).float()
+    with torch.inference_mode():
+        hard = _chain_losses(head, features[:-1], torch.tensor(ids[1:]), features[1:], labels, chain=2, classify=0.1)
+        soft = _chain_losses(head, features[:-1], torch.tensor(ids[1:]), features[1:], one_hot, chain=2, classify=0.1)
+        spread = _chain_losses(head, features[:-1], torch.tensor(ids[1:]), features[1:], one_hot * 0.5 + 0.5 / one_hot.shape[1], chain=2, classify=0.1)
+    assert all(torch.allclose(h, s) for h, s in zip(hard, soft))
+    assert not torch.allclose(hard[0], spread[0])  # the distribution is read, not its argmax
+
+    prompts = ["def add(a, b):", "The model reads", "你好", "def f(x):\n    return", "The answer"]
+    data = distill_sequences(model, tokenizer, prompts, greedy_continuations(model, tokenizer, prompts, max_tokens=24))
+    before = eagle_accuracy(noisy_head(model, vocab=torch.unique(data.tokens)), data)
+    details = train_eagle(model, tokenizer, data, data, tmp_path / "soft", epochs=30, batch=1, lr=3e-3, soft=True)
+    assert details["labels"] == "soft"
+    # A random tiny target's distributions are nearly flat, so soft labels
+    # say less about the argmax here than on a real model: it still learns.
+    assert details["held_out_top1"][0] > before[0] + 0.3, (before, details)

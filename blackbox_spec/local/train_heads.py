@@ -356,7 +356,10 @@ def chain_passes(head: Any, inputs: torch.Tensor, tokens: torch.Tensor, chain: i
 def _chain_losses(head: Any, inputs: torch.Tensor, tokens: torch.Tensor, wanted: torch.Tensor, labels: torch.Tensor,
                   chain: int, classify: float) -> list[torch.Tensor]:
     """Each pass learns f_{j+1} (smooth L1) and the target's token after it
-    (cross-entropy over the draft vocabulary, weight ``classify``)."""
+    (cross-entropy over the draft vocabulary, weight ``classify``).
+    ``labels``: the target's next token at each row ([T] ids), or its whole
+    next-token distribution over the draft vocabulary ([T, V] probabilities,
+    EAGLE's soft labels)."""
     losses = []
     for s, predicted in enumerate(chain_passes(head, inputs, tokens, chain), start=1):
         keep = slice(s - 1, len(tokens))
@@ -380,6 +383,7 @@ def train_eagle(
     noise: float = 0.05,
     classify: float = 0.1,
     chain: int = 2,
+    soft: bool = False,
     seed: int = 0,
     init: Path | None = None,
     progress: Progress | None = None,
@@ -392,6 +396,9 @@ def train_eagle(
     their scale (EAGLE-1: drafting feeds back predicted, imperfect ones).
     With ``chain`` > 1 it also learns from its own predictions as drafting
     uses them (a training-time test, after EAGLE-3): see :func:`_chain_losses`.
+    ``soft``: learn the target's whole next-token distribution p (over the
+    draft vocabulary, from the cached f_{j+1} through the LM head), as EAGLE
+    does, instead of its argmax alone: more signal per position.
     ``init``: an EAGLE heads folder for this target to start from (more
     data for a trained head costs epochs, not a run from scratch)."""
     from .eagle import load_eagle, new_head
@@ -429,7 +436,7 @@ def train_eagle(
     # vocabulary: the classification labels (in a continuation, the token
     # it wrote; in a prompt, what it would have written).
     with torch.no_grad():  # not inference_mode: these feed the loss
-        labels = torch.cat([head.draft_logits(train.hidden[i : i + 2048].to(dtype)).argmax(-1) for i in range(0, len(train.hidden), 2048)])
+        labels = None if soft else torch.cat([head.draft_logits(train.hidden[i : i + 2048].to(dtype)).argmax(-1) for i in range(0, len(train.hidden), 2048)])
     pieces = []  # (start, length) windows of whole texts
     start = 0
     for length in train.lengths.tolist():
@@ -448,7 +455,12 @@ def train_eagle(
                 at, length = pieces[piece]
                 states = train.hidden[at : at + length].to(dtype)
                 inputs = states[:-1] + (torch.rand(states[:-1].shape, generator=generator) * 2 - 1).to(dtype) * noise * scale
-                loss = sum(_chain_losses(head, inputs, train.tokens[at + 1 : at + length], states[1:], labels[at + 1 : at + length], chain, classify))
+                if soft:
+                    with torch.no_grad():
+                        wanted = torch.softmax(head.draft_logits(states[1:]).float(), dim=-1)
+                else:
+                    wanted = labels[at + 1 : at + length]
+                loss = sum(_chain_losses(head, inputs, train.tokens[at + 1 : at + length], states[1:], wanted, chain, classify))
                 (loss / batch).backward()
             # EAGLE clips at 0.5: without it a run here fell from 0.47 to
             # 0.02 held-out top-1 in its third epoch.
@@ -466,7 +478,7 @@ def train_eagle(
     top1, top5 = eagle_accuracy(head, held_out)
     details = {"hidden": int(train.hidden.shape[1]), "epochs": epochs, "started_from": None if init is None else str(init),
                "train_positions": len(train.tokens), "held_out_positions": len(held_out.tokens),
-               "draft_vocabulary": len(vocab), "chain": chain, "train_seconds": round(spent, 1), "held_out_top1": [round(top1, 4)], "held_out_top5": [round(top5, 4)],
+               "draft_vocabulary": len(vocab), "chain": chain, "labels": "soft" if soft else "hard", "train_seconds": round(spent, 1), "held_out_top1": [round(top1, 4)], "held_out_top5": [round(top5, 4)],
                "held_out_top1_per_epoch": history}
     save_heads(out, head, "eagle", target_identity(model.config, tokenizer), **details)
     (out / "training-eagle.json").write_text(json.dumps(details, indent=1))
