@@ -161,6 +161,10 @@ def _bspec(url: str, prompt_path: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "blackbox_spec.cli", "run", prompt_path, "--base-url", url, "--model", "fake-model", "--max-tokens", "2000", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        # A shell's background job (`.ci/run &`) starts with SIGINT ignored,
+        # and Python then never raises KeyboardInterrupt: give the child the
+        # terminal's default, which is what a user pressing Ctrl-C has.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
