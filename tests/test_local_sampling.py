@@ -195,3 +195,19 @@ def test_expected_acceptance_and_the_paper_formula():
     assert leviathan_speedup(1.0, 4, 0.0) == 5.0
     assert leviathan_speedup(0.0, 4, 0.0) == 1.0
     assert leviathan_speedup(0.6, 3, 0.05) == pytest.approx((1 - 0.6**4) / (0.4 * 1.15))
+
+
+def test_the_exponential_race_draws_each_token_with_its_probability():
+    """``sample`` (argmax p/E, no host sync): rows need not sum to 1, a zero
+    probability is never drawn, and a wrong table is caught by the same test."""
+    from blackbox_spec.local.sampling import sample
+
+    weights = torch.tensor([3.0, 0.0, 1.0, 0.5, 0.0, 5.5])  # sums to 10, two zeros
+    generator = torch.Generator().manual_seed(13)
+    for dtype in (torch.float32, torch.float64):
+        draws = sample(weights.to(dtype).expand(SAMPLES, -1), generator)
+        counts = torch.bincount(draws, minlength=VOCAB).to(torch.float64)
+        assert counts[1] == 0 and counts[4] == 0
+        assert chi_square_p_value(counts, weights.double() / weights.sum()) > 0.01
+        wrong = torch.tensor([3.2, 0.0, 0.9, 0.5, 0.0, 5.4])
+        assert chi_square_p_value(counts, wrong.double() / wrong.sum()) < 1e-6

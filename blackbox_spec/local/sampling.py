@@ -90,8 +90,19 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of ``probs`` [B, V] (rows need not sum to 1) → [B]."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """One token per row of ``probs`` [B, V] (rows need not sum to 1) → [B].
+
+    An exponential race: with E_x ~ Exp(1) independent, argmax_x p(x) / E_x
+    is x with probability p(x) / Σp.  Unlike ``torch.multinomial`` it never
+    waits for the GPU (no host-side checks), so a round stays on the device.
+
+    >>> sample(torch.tensor([[0.0, 0.0, 2.0], [1.0, 0.0, 0.0]]), None)
+    tensor([2, 0])
+    """
+    race = torch.empty_like(probs, dtype=torch.float64 if probs.dtype == torch.float64 else torch.float32)
+    race.exponential_(generator=generator)
+    # exponential_ may return 0 in float32; a tiny floor keeps p = 0 at 0.
+    return (probs / race.clamp_min_(torch.finfo(race.dtype).tiny)).argmax(-1)
 
 
 def rejection_sample(
@@ -105,7 +116,7 @@ def rejection_sample(
     Row b emits ``draft_tokens[b, :n-1]`` (accepted) and one recovered or
     bonus token, where n = count[b]; the rest of the row is ``NO_TOKEN``.
     The random numbers drawn do not depend on the outcome (k uniforms and
-    one multinomial per row), so a seeded generator replays a run exactly.
+    one race of exponentials per row), so a seeded generator replays a run exactly.
 
     >>> p = torch.tensor([[[0.0, 1.0], [1.0, 0.0]]])
     >>> q = torch.tensor([[[0.0, 1.0]]])   # the draft is sure of token 1 and right
