@@ -281,7 +281,7 @@ def _add_drafter_arguments(parser: argparse.ArgumentParser, *, local: bool = Fal
 
 
 HEAD_KINDS = ("medusa", "eagle")
-LOCAL_ONLY = ("temperature", "top_p", "top_k", "seed", "device", "gamma", "dtype", "target_model", "heads")
+LOCAL_ONLY = ("temperature", "top_p", "top_k", "seed", "device", "gamma", "dtype", "target_model", "heads", "engine", "compile")
 
 
 def _add_local_arguments(parser: argparse.ArgumentParser) -> None:
@@ -297,6 +297,10 @@ def _add_local_arguments(parser: argparse.ArgumentParser) -> None:
     local.add_argument("--heads", metavar="DIR", help="heads for --drafter medusa or eagle, trained for this target by `bspec heads train "
                                                      "--kind KIND` (refused for any other target)")
     local.add_argument("--gamma", type=_positive_int, metavar="K", help="draft tokens per round, the paper's γ (default: 2, the best measured on CPU; wider pays where a wider target step costs about the same, as on GPUs)")
+    local.add_argument("--engine", choices=["auto", "static", "eager"], help="how the models run: static = a static KV cache and fixed-shape steps "
+                       "(Qwen2/Llama decoders), eager = transformers' own forward and cache (any causal LM); default: auto = static where it can")
+    local.add_argument("--compile", choices=["auto", "on", "off"], help="torch.compile the static engine's steps (CUDA graphs on a GPU; the first "
+                       "call compiles for a minute or more); default: auto = on with --device cuda, off on CPU, where it did not pay")
 
 
 DTYPE_HELP = (
@@ -412,6 +416,8 @@ def _check_mode(args: argparse.Namespace) -> None:
         if args.drafter not in (None, "hf", "none", *HEAD_KINDS):
             raise ConfigurationError(f"--local drafts with a transformers model (--draft-model DIR) or heads (--drafter medusa|eagle --heads DIR); "
                                      f"--drafter {args.drafter} is for the API mode")
+        if args.engine == "eager" and args.compile == "on":
+            raise ConfigurationError("--compile on compiles the static engine's steps; --engine eager runs transformers' own forward (leave one out)")
         if args.drafter in HEAD_KINDS or args.heads is not None:
             if args.drafter not in HEAD_KINDS or args.heads is None or args.draft_model:
                 raise ConfigurationError("trained heads draft with --drafter medusa|eagle --heads DIR (and no --draft-model)")
@@ -505,6 +511,7 @@ def _run_local(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
     speculator = LocalSpeculator.from_pretrained(
         args.target_model, args.draft_model if args.drafter not in ("none", *HEAD_KINDS) else None,
         device=args.device or "cpu", dtype=args.dtype or "auto", gamma=args.gamma or DEFAULT_GAMMA, heads_path=args.heads, heads_kind=args.drafter,
+        engine=args.engine or "auto", compile={"on": True, "off": False}.get(args.compile or "auto"),
     )
     shown = GenerationResult(text="", stats=GenerationStats())
     result_box.append(shown)  # what was printed survives an interrupt
@@ -527,7 +534,7 @@ def _run_local(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
         if not args.quiet:
             local = result.local  # type: ignore[attr-defined]
             measure = f"{local.tokens_per_target_forward:.2f} tokens per target forward" if args.heads else f"alpha {local.alpha:.2f}"
-            print(_summary(result) + f", {measure}", file=sys.stderr)
+            print(_summary(result) + f", {measure}, engine {local.engine}", file=sys.stderr)
     return 0
 
 

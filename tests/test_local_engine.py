@@ -71,11 +71,17 @@ def pair():
     return small_vocab_pair()
 
 
-@pytest.mark.parametrize("setting", SETTINGS)
-def test_engine_output_follows_the_target(pair, setting):
+# The static-cache path (the default for these Qwen2 models) in every
+# setting; transformers' own cache (the fallback for other architectures) in one.
+ENGINE_SETTINGS = [("static", name) for name in SETTINGS] + [("eager", "T=0.7")]
+
+
+@pytest.mark.parametrize("kind,setting", ENGINE_SETTINGS)
+def test_engine_output_follows_the_target(pair, kind, setting):
     target, draft = pair
     params = SETTINGS[setting]
-    engine = LocalSpeculator(target, draft, None, gamma=3)
+    engine = LocalSpeculator(target, draft, None, gamma=3, engine=kind)
+    assert engine.engine == kind or engine.engine.startswith(kind + " ")
     stats, local = GenerationStats(), LocalStats()
     samples = engine.sample_tokens(PROMPT, max_tokens=3, sampling=params, generator=as_generator(2024, DEVICE), rows=SAMPLES, stats=stats, local=local).cpu()
     assert (samples != NO_TOKEN).all()
@@ -118,11 +124,12 @@ def test_engine_caches_match_forwards_from_scratch(pair):
     assert model.mask.shape[1] == len(PROMPT) - 2
 
 
-def test_temperature_zero_equals_plain_greedy():
+@pytest.mark.parametrize("kind", ["static", "eager"])
+def test_temperature_zero_equals_plain_greedy(kind):
     target, tokenizer = tiny_model(1)
     target, draft = target.to(DEVICE), tiny_model(2)[0].to(DEVICE)
-    spec = LocalSpeculator(target, draft, tokenizer, gamma=4).generate("def add(a, b):", max_tokens=40, sampling=SamplingParams(0))
-    self_draft = LocalSpeculator(target, target, tokenizer, gamma=4).generate("def add(a, b):", max_tokens=40, sampling=SamplingParams(0))
+    spec = LocalSpeculator(target, draft, tokenizer, gamma=4, engine=kind).generate("def add(a, b):", max_tokens=40, sampling=SamplingParams(0))
+    self_draft = LocalSpeculator(target, target, tokenizer, gamma=4, engine=kind).generate("def add(a, b):", max_tokens=40, sampling=SamplingParams(0))
     ids = tokenizer("def add(a, b):", return_tensors="pt")["input_ids"]
     tokens = ids[0].tolist()
     while len(tokens) < ids.shape[1] + 40:
@@ -218,6 +225,10 @@ def test_cli_local_json_seeded_and_greedy_equals_plain(model_folders, tmp_path, 
     code, out, _ = _cli(capsys, *common, "--drafter", "none", "--temperature", "0")
     plain = json.loads(out)
     assert greedy["text"] == plain["text"] and plain["stats"]["rounds"] == plain["stats"]["output_tokens"]
+    code, out, _ = _cli(capsys, *common, "--drafter", "none", "--temperature", "0", "--engine", "eager")
+    eager = json.loads(out)
+    assert eager["text"] == plain["text"]
+    assert (plain["stats"]["local"]["engine"], eager["stats"]["local"]["engine"]) == ("static", "eager (asked for)")
 
 
 def test_cli_local_streams_text_and_a_stats_line(model_folders, tmp_path, capsys):
@@ -226,7 +237,7 @@ def test_cli_local_streams_text_and_a_stats_line(model_folders, tmp_path, capsys
     code, out, err = _cli(capsys, "run", str(prompt), "--local", "--target-model", str(model_folders / "target"),
                           "--draft-model", str(model_folders / "draft"), "--max-tokens", "16", "--seed", "1", *ON_DEVICE)
     assert code == 0
-    assert "tokens/round" in err and "alpha" in err and "loading" in err
+    assert "tokens/round" in err and "alpha" in err and "loading" in err and "engine static" in err
     assert out.endswith("\n") and len(out) > 1
 
 
@@ -243,6 +254,9 @@ def test_cli_local_streams_text_and_a_stats_line(model_folders, tmp_path, capsys
         (["--local", "--target-model", "TARGET", "--draft-model", "OTHER"], "do not share a tokenizer"),
         (["--local", "--target-model", "TARGET", "--draft-model", "DRAFT", "--top-p", "1.5"], "(0, 1]"),
         (["--local", "--target-model", "TARGET", "--draft-model", "DRAFT", "--device", "cuda"], "cuda"),
+        (["--engine", "static"], "--engine needs --local"),
+        (["--local", "--target-model", "TARGET", "--draft-model", "DRAFT", "--engine", "eager", "--compile", "on"], "--compile on compiles the static"),
+        (["--local", "--target-model", "TARGET", "--draft-model", "DRAFT", "--engine", "fast"], "invalid choice: 'fast'"),
     ],
 )
 def test_cli_local_errors_are_one_line(model_folders, tmp_path, capsys, extra, message):

@@ -2,8 +2,10 @@
 models on this machine (torch; the ``hf`` extra).
 
 - :mod:`.sampling`: the rule as pure functions (p = target, q = draft);
-- :mod:`.engine`: transformers models with rollback KV caches, one target
-  forward per round.
+- :mod:`.engine`: the rounds, one target forward each, over transformers'
+  own forward and caches (the eager engine, any causal LM);
+- :mod:`.static`: static KV buffers and fixed-shape, compilable steps for
+  Qwen2/Llama decoders (the default where it applies).
 """
 
 from .engine import CachedLM, LocalSpeculator, LocalStats, check_same_tokenizer

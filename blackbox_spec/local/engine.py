@@ -25,6 +25,7 @@ from .._stats import GenerationResult, GenerationStats
 from ..drafters.hf import _import_hf, cache_argument, end_tokens, load_folder
 from .sampling import NO_TOKEN, SamplingParams, as_generator, expected_acceptance, rejection_sample, sample, sampling_probs
 from .tree import DraftTree, ancestor_mask, tree_positions
+from .static import StaticLM, static_unsupported
 from .tree_engine import speculate_tree
 
 torch, _ = _import_hf("local target mode (--local)")
@@ -49,7 +50,8 @@ class CachedLM:
         self.forwards = 0
         self.reset(1)
 
-    def reset(self, rows: int) -> None:
+    def reset(self, rows: int, capacity: int | None = None) -> None:
+        """Start ``rows`` empty rows (the cache grows as needed: ``capacity`` is unused)."""
         self._cache: Any = None
         self.mask = torch.zeros((rows, 0), dtype=torch.int64, device=self.device)  # 1 = a token, 0 = a hole
         self.lengths = torch.zeros(rows, dtype=torch.int64, device=self.device)  # tokens (not holes) per row
@@ -147,6 +149,7 @@ class LocalStats:
     for the paper's α (mean β over examined positions) and c."""
 
     gamma: int = 0
+    engine: str = ""  # "static", "static+compiled" or "eager (why)": see language_model()
     draft_forwards: int = 0
     target_forwards: int = 0
     examined_positions: int = 0  # draft positions the rule looked at
@@ -166,7 +169,7 @@ class LocalStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "gamma": self.gamma, "alpha": round(self.alpha, 4), "draft_forwards": self.draft_forwards,
+            "gamma": self.gamma, "engine": self.engine, "alpha": round(self.alpha, 4), "draft_forwards": self.draft_forwards,
             "target_forwards": self.target_forwards, "tokens_per_target_forward": round(self.tokens_per_target_forward, 3),
             "examined_positions": self.examined_positions, "rejections": self.rejections,
         } | ({"accepted_per_depth": self.accepted_per_depth} if self.accepted_per_depth else {})
@@ -185,24 +188,33 @@ class LocalSpeculator:
     >>> # speculator.generate("def fib(n):", max_tokens=64, sampling=SamplingParams(0.7), seed=1).text
     """
 
-    def __init__(self, target: Any, draft: Any | None, tokenizer: Any, *, gamma: int = DEFAULT_GAMMA, proposer: Any | None = None) -> None:
+    def __init__(self, target: Any, draft: Any | None, tokenizer: Any, *, gamma: int = DEFAULT_GAMMA, proposer: Any | None = None,
+                 engine: str = "auto", compile: bool | None = None) -> None:
         if gamma < 1:
             raise ConfigurationError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
         if proposer is not None and draft is not None:
             raise ConfigurationError("draft with a draft model or with trained heads, not both")
         self.proposer = proposer
-        self.target = CachedLM(target)
-        self.draft = CachedLM(draft) if draft is not None else None
+        self.target, self.engine = language_model(target, engine, compile)
+        self.draft = None
+        if draft is not None:
+            self.draft, draft_engine = language_model(draft, engine, compile)
+            if draft_engine != self.engine:
+                self.engine = f"target {self.engine}, draft {draft_engine}"
         if self.draft is not None and self.draft.device != self.target.device:
             raise ConfigurationError(f"the target is on {self.target.device} and the draft on {self.draft.device}; local mode runs both on one device")
         self.tokenizer = tokenizer
         self.gamma = gamma
+        # Timing draft and verify apart costs a host sync mid-round on a GPU;
+        # the fast path only times whole rounds there.
+        self._timed_phases = self.target.device.type != "cuda" or isinstance(self.target, CachedLM)
+        self._fixed_shapes = getattr(self.target, "compiled", False)
         self.ends = torch.tensor(sorted(end_tokens(target, tokenizer)), dtype=torch.int64, device=self.target.device)
         self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
 
     @classmethod
     def from_pretrained(cls, target_path: str, draft_path: str | None = None, *, device: str = "cpu", dtype: str = "auto", gamma: int = DEFAULT_GAMMA,
-                        heads_path: str | None = None, heads_kind: str = "medusa") -> "LocalSpeculator":
+                        heads_path: str | None = None, heads_kind: str = "medusa", engine: str = "auto", compile: bool | None = None) -> "LocalSpeculator":
         """Load both models from transformers folders (no downloads) and check
         that they share a tokenizer; or the target and heads trained for it
         (``bspec heads train``), refused for any other target."""
@@ -225,7 +237,7 @@ class LocalSpeculator:
             from .heads import MedusaProposer, load_medusa
 
             proposer = MedusaProposer(load_medusa(heads_path, target, tokenizer))
-        return cls(target, draft, tokenizer, gamma=gamma, proposer=proposer)
+        return cls(target, draft, tokenizer, gamma=gamma, proposer=proposer, engine=engine, compile=compile)
 
     def generate(
         self,
@@ -239,7 +251,7 @@ class LocalSpeculator:
         """Sample one continuation of ``prompt``; ``on_text`` gets each new
         piece of text as rounds end (whole characters only)."""
         prompt_ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        stats, local = GenerationStats(), LocalStats(gamma=self.gamma if self.draft is not None else 0)
+        stats, local = GenerationStats(), LocalStats(gamma=self.gamma if self.draft is not None else 0, engine=self.engine)
         tokens: list[int] = []
         shown, ends = [""], set(self.ends.tolist())
 
@@ -315,15 +327,19 @@ class LocalSpeculator:
         everyone = torch.arange(rows, device=device)
 
         prompt = torch.tensor([list(prompt_ids)], dtype=torch.int64, device=device).expand(rows, -1)
-        target.reset(rows)
+        # The most positions a row reaches: prompt, output, and a round's drafts past max_tokens.
+        capacity = len(prompt_ids) + max_tokens + gamma + 1
+        target.reset(rows, capacity)
         target_pending, target_valid = prompt, torch.ones_like(prompt, dtype=torch.bool)  # not yet in the target's cache
         if draft is not None:
-            draft.reset(rows)
+            draft.reset(rows, capacity)
             draft_pending, draft_valid = prompt, torch.ones_like(prompt, dtype=torch.bool)
 
         while not bool(done.all()):
-            # Never draft past max_tokens: the last token needs no draft.
-            k = min(gamma, max_tokens - 1 - int(count[~done].min()))
+            # Never draft past max_tokens (the last token needs no draft),
+            # except where steps are compiled: there one verify width is one
+            # graph, and the tokens past max_tokens are dropped in step 5.
+            k = gamma if self._fixed_shapes else min(gamma, max_tokens - 1 - int(count[~done].min()))
             # Rows that have ended still go through the batch (their draws keep
             # a seed's stream), but as holes: their positions stop growing.
             running = (~done).unsqueeze(1)
@@ -339,7 +355,8 @@ class LocalSpeculator:
                 q_rows.append(q_i)
                 draft_pending, draft_valid = x_i.unsqueeze(1), running.clone()
             draft_tokens = torch.stack(drafted, 1) if drafted else torch.zeros((rows, 0), dtype=torch.int64, device=device)
-            _synchronize(device)
+            if self._timed_phases:
+                _synchronize(device)
             drafted_at = time.perf_counter()
 
             # 2. One target forward over the pending token(s) and the draft: k+1 rows of p.
@@ -356,11 +373,11 @@ class LocalSpeculator:
 
             # 4. Roll both caches back past the rejected tokens and queue what
             #    each model has not seen yet.
-            target.forget_last(k - n_accepted)
+            target.forget_last(torch.where(running[:, 0], k - n_accepted, 0))
             target_pending, target_valid = last.unsqueeze(1), None  # valid: set below, once this round's ends are known
             if draft is not None:
                 if k > 0:  # the draft saw x_1..x_{k-1}; x_k was sampled, never fed
-                    draft.forget_last((k - 1 - n_accepted).clamp_min(0))
+                    draft.forget_last(torch.where(running[:, 0], (k - 1 - n_accepted).clamp_min(0), 0))
                     unseen, unseen_valid = draft_tokens[:, -1:], (n_accepted == k).unsqueeze(1)
                 else:
                     unseen, unseen_valid = draft_pending, draft_valid
@@ -403,6 +420,31 @@ class LocalSpeculator:
                 on_tokens(tokens[0, : int(n[0])].tolist())
 
         return _cut_after_end(out[:, :max_tokens], self.ends)
+
+
+ENGINES = ("auto", "static", "eager")
+
+
+def language_model(model: Any, engine: str = "auto", compile: bool | None = None) -> tuple["CachedLM | StaticLM", str]:
+    """The model wrapped for the rounds, and what was chosen, for ``stats.local``.
+
+    ``static`` (:mod:`.static`: a static KV cache, fixed-shape steps) serves
+    Qwen2/Llama decoders; ``eager`` (transformers' forward and cache) serves
+    any causal LM; ``auto`` takes static where it can.  ``compile``
+    (``torch.compile``; CUDA graphs on a GPU) applies to the static path;
+    None compiles on CUDA only: on this project's 2-core CPU it did not pay
+    (``bench/results/local-static-cpu/``).
+    """
+    if engine not in ENGINES:
+        raise ConfigurationError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    reason = static_unsupported(model) if engine != "eager" else "asked for"
+    if reason is not None:
+        if engine == "static":
+            raise ConfigurationError(f"the static engine cannot run this model: {reason}; use --engine eager (or auto)")
+        return CachedLM(model), f"eager ({reason})"
+    device = next(model.parameters()).device
+    compiled = compile if compile is not None else device.type == "cuda"
+    return StaticLM(model, compile=compiled), "static+compiled" if compiled else "static"
 
 
 def check_same_tokenizer(target_tokenizer: Any, draft_tokenizer: Any) -> None:
