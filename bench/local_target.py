@@ -53,6 +53,7 @@ import torch
 
 from blackbox_spec.bench.workloads import PROMPTS
 from blackbox_spec.local import CachedLM, LocalSpeculator, SamplingParams, leviathan_speedup
+from blackbox_spec.local.engine import language_model
 from blackbox_spec.local.sampling import as_generator
 
 # Public config shapes (hidden, intermediate, layers, heads, kv heads, tied
@@ -83,8 +84,8 @@ def time_forward(model: CachedLM, prompt: list[int], width: int, repeats: int) -
     """Median seconds of one forward of ``width`` tokens after the prompt is cached."""
     device = model.device
     times = []
-    for _ in range(repeats):
-        model.reset(1)
+    for _ in range(repeats + int(getattr(model, "compiled", False))):  # a compiled step's first call compiles
+        model.reset(1, len(prompt) + width + 1)
         ids = torch.tensor([prompt], device=device)
         model.forward(ids, torch.ones_like(ids, dtype=torch.bool), last=1)
         new = torch.tensor([prompt[-width:]], device=device)
@@ -93,7 +94,7 @@ def time_forward(model: CachedLM, prompt: list[int], width: int, repeats: int) -
         model.forward(new, torch.ones_like(new, dtype=torch.bool), last=width)
         _sync(device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times[-repeats:])
 
 
 def measure_costs(target: CachedLM, draft: CachedLM | None, prompt: list[int], gammas: list[int], repeats: int) -> dict:
@@ -105,6 +106,28 @@ def measure_costs(target: CachedLM, draft: CachedLM | None, prompt: list[int], g
     for gamma in gammas:
         costs["v"][str(gamma)] = time_forward(target, prompt, gamma + 1, repeats) / target_1
     return costs
+
+
+# The ways local mode can run a model (``--engines``): transformers' own
+# forward and cache, or the static cache, compiled or not.
+ENGINES = {
+    "eager": {"engine": "eager"},
+    "static": {"engine": "static", "compile": False},
+    "static+compiled": {"engine": "static", "compile": True},
+}
+
+
+def _tag(engine: str, args: argparse.Namespace) -> str:
+    """Side labels name the engine only when several are compared."""
+    return f" [{engine}]" if len(args.engines) > 1 else ""
+
+
+def sides_of(engine: str, speculators: dict, plain: LocalSpeculator, args: argparse.Namespace) -> tuple:
+    """The target and draft models as ``engine`` wraps them, for bare forward timings."""
+    first = args.engines[0]
+    target = plain.target if engine == first else speculators[f"plain{_tag(engine, args)}"].target
+    with_draft = speculators.get(f"gamma={args.gammas[0]}{_tag(engine, args)}")
+    return target, with_draft.draft if with_draft is not None else None
 
 
 def projections(alpha: float, gamma: int, c: float, v: float) -> dict:
@@ -125,24 +148,38 @@ def run_real(args: argparse.Namespace) -> dict:
     import transformers
 
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if args.device == "cuda" else "float32")
-    loaded = LocalSpeculator.from_pretrained(args.target_model, args.draft_model, device=args.device, dtype=dtype)
+    loaded = LocalSpeculator.from_pretrained(args.target_model, args.draft_model, device=args.device, dtype=dtype, engine="eager")
     target, tokenizer = loaded.target.model, loaded.tokenizer
-    plain = LocalSpeculator(target, None, tokenizer)
-    # The sides: the draft model at each gamma, and trees from heads trained for this target.
-    speculators = {f"gamma={g}": LocalSpeculator(target, loaded.draft.model, tokenizer, gamma=g) for g in args.gammas} if loaded.draft else {}
+    # The baseline is plain sampling on the first engine; every other engine
+    # adds its own plain side, and each engine drafts at each gamma.
+    first, *others = args.engines
+    plain = LocalSpeculator(target, None, tokenizer, **ENGINES[first])
+    speculators = {f"plain{_tag(e, args)}": LocalSpeculator(target, None, tokenizer, **ENGINES[e]) for e in others}
+    for engine in args.engines:
+        if loaded.draft:
+            speculators |= {f"gamma={g}{_tag(engine, args)}": LocalSpeculator(target, loaded.draft.model, tokenizer, gamma=g, **ENGINES[engine])
+                            for g in args.gammas}
+    # Trees from heads trained for this target.
     if args.heads:
         from blackbox_spec.local.heads import MedusaProposer, load_medusa
 
-        speculators["medusa"] = LocalSpeculator(target, None, tokenizer, proposer=MedusaProposer(load_medusa(args.heads, target, tokenizer), nodes=args.medusa_nodes))
+        speculators["medusa"] = LocalSpeculator(target, None, tokenizer, proposer=MedusaProposer(load_medusa(args.heads, target, tokenizer), nodes=args.medusa_nodes),
+                                                **ENGINES[first])
     if args.eagle:
         from blackbox_spec.local.eagle import EagleProposer, load_eagle
 
         proposer = EagleProposer(load_eagle(args.eagle, target, tokenizer), depth=args.eagle_tree[0], expand=args.eagle_tree[1], nodes=args.eagle_tree[2])
-        speculators["eagle"] = LocalSpeculator(target, None, tokenizer, proposer=proposer)
+        speculators["eagle"] = LocalSpeculator(target, None, tokenizer, proposer=proposer, **ENGINES[first])
     chosen = [p for p in PROMPTS if p.name in args.prompts]
-    first = list(tokenizer(chosen[0].text)["input_ids"])
-    costs = measure_costs(plain.target, loaded.draft, first, args.gammas, args.cost_repeats)
+    first_ids = list(tokenizer(chosen[0].text)["input_ids"])
+    engine_costs = lambda: {e: measure_costs(*sides_of(e, speculators, plain, args), first_ids, args.gammas, args.cost_repeats) for e in args.engines}  # noqa: E731
+    costs = engine_costs()
     print(f"costs: {json.dumps(costs)}", file=sys.stderr, flush=True)
+    if args.warmup:
+        # Compiled steps compile on their first calls (minutes on a CPU): an
+        # untimed generation per side first, so the runs time the steps.
+        for speculator in [plain, *speculators.values()]:
+            speculator.generate(chosen[0].text, max_tokens=args.max_tokens, sampling=SamplingParams(0.7), seed=1)
     runs = []
     for prompt in chosen:
         for temperature in args.temperatures:
@@ -157,7 +194,7 @@ def run_real(args: argparse.Namespace) -> dict:
                     result = speculator.generate(prompt.text, max_tokens=args.max_tokens, sampling=sampling, seed=seed)
                     local = result.local
                     row[label] = {
-                        "s": result.stats.wall_s, "tokens": result.stats.output_tokens, "alpha": local.alpha,
+                        "s": result.stats.wall_s, "tokens": result.stats.output_tokens, "alpha": local.alpha, "engine": local.engine,
                         "accepted_per_drafted": result.stats.acceptance_rate,
                         "tokens_per_target_forward": local.tokens_per_target_forward,
                         "draft_s": result.stats.draft_s, "verify_s": result.stats.verify_s,
@@ -172,7 +209,7 @@ def run_real(args: argparse.Namespace) -> dict:
                         row[label]["same_text_as_plain"] = result.text == base.text
                 runs.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-    after = measure_costs(plain.target, loaded.draft, first, args.gammas, args.cost_repeats)
+    after = engine_costs()
     costs = {"before_runs": costs, "after_runs": after}
     summary = {}
     for temperature in args.temperatures:
@@ -183,7 +220,9 @@ def run_real(args: argparse.Namespace) -> dict:
                 "speedup_per_prompt": {p.name: statistics.median(r[label]["speedup"] for r in runs if r["prompt"] == p.name and r["temperature"] == temperature) for p in chosen},
                 "tokens_per_target_forward_median": statistics.median(c["tokens_per_target_forward"] for c in cells),
             }
-            if label in ("medusa", "eagle"):
+            if label.startswith("plain"):
+                pass
+            elif label in ("medusa", "eagle"):
                 workloads = {p.workload for p in chosen}
                 # The issue's figure: the mean accepted length (tokens per
                 # target forward, bonus included) per workload.
@@ -195,7 +234,7 @@ def run_real(args: argparse.Namespace) -> dict:
                 entry["accepted_per_depth_per_forward_mean"] = [statistics.fmean(d[k] if k < len(d) else 0.0 for d in per_depth)
                                                                 for k in range(max(map(len, per_depth)))]
             else:
-                gamma = int(label.split("=")[1])
+                gamma = int(label.split("=")[1].split()[0])
                 alpha = statistics.median(c["alpha"] for c in cells)
                 c_run = statistics.median(c["c_in_run"] for c in cells)
                 v_run = statistics.median(c["v_in_run"] for c in cells)
@@ -205,7 +244,7 @@ def run_real(args: argparse.Namespace) -> dict:
             if temperature == 0:
                 entry["same_text_as_plain"] = f"{sum(c['same_text_as_plain'] for c in cells)}/{len(cells)}"
             summary[f"T={temperature} {label}"] = entry
-    return {"costs": costs, "summary": summary, "runs": runs, "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
+    return {"baseline": f"plain sampling, engine {plain.engine}", "costs": costs, "summary": summary, "runs": runs, "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
 
 
 def run_random(args: argparse.Namespace) -> dict:
@@ -213,28 +252,37 @@ def run_random(args: argparse.Namespace) -> dict:
 
     dtype = getattr(torch, args.dtype if args.dtype != "auto" else ("bfloat16" if args.device == "cuda" else "float32"))
     draft_name, target_name = args.random_init
-    draft = CachedLM(random_model(draft_name, args.device, dtype))
-    target = CachedLM(random_model(target_name, args.device, dtype))
+    draft_model, target_model = random_model(draft_name, args.device, dtype), random_model(target_name, args.device, dtype)
     prompt = torch.randint(0, 151936, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
-    costs = measure_costs(target, draft, prompt, args.gammas, args.cost_repeats)
-    projected = {str(g): projections(args.alpha, g, costs["c"], costs["v"][str(g)]) for g in args.gammas}
-    # The whole loop too: random weights disagree (alpha ~ 0), so a round
-    # emits about one token; seconds per round check gamma * draft + verify.
-    loop = {}
-    for gamma in args.gammas:
-        speculator = LocalSpeculator(target.model, draft.model, None, gamma=gamma)
-        plain = LocalSpeculator(target.model, None, None)
-        for name, engine in (("plain", plain), (f"gamma={gamma}", speculator)):
+    costs, projected, loop = {}, {}, {}
+    for engine in args.engines:
+        target, draft = language_model(target_model, **ENGINES[engine])[0], language_model(draft_model, **ENGINES[engine])[0]
+        costs[engine] = measure_costs(target, draft, prompt, args.gammas, args.cost_repeats)
+        projected[engine] = {str(g): projections(args.alpha, g, costs[engine]["c"], costs[engine]["v"][str(g)]) for g in args.gammas}
+        # The whole loop too: random weights disagree (alpha ~ 0), so a round
+        # emits about one token; seconds per round check gamma * draft + verify,
+        # and with the plain step they give the speedup at --alpha:
+        # tokens per round at alpha / (seconds per round / plain seconds per token).
+        loop[engine] = {}
+        plain = LocalSpeculator(target_model, None, None, **ENGINES[engine])
+        for gamma in [0, *args.gammas]:
+            speculator = plain if gamma == 0 else LocalSpeculator(target_model, draft_model, None, gamma=gamma, **ENGINES[engine])
+            name = "plain" if gamma == 0 else f"gamma={gamma}"
             # An untimed run first: on CUDA the first run of each shape (kernel
-            # selection, allocator growth) was 5x slower than the next.
-            engine.sample_tokens(prompt, max_tokens=args.max_tokens, sampling=SamplingParams(1.0), generator=as_generator(1, args.device))
-            engine.target.forwards = 0
+            # selection, allocator growth, compiling) was 5x slower than the next.
+            speculator.sample_tokens(prompt, max_tokens=args.max_tokens, sampling=SamplingParams(1.0), generator=as_generator(1, args.device))
+            speculator.target.forwards = 0
             _sync(args.device)
             start = time.perf_counter()
-            out = engine.sample_tokens(prompt, max_tokens=args.max_tokens, sampling=SamplingParams(1.0), generator=as_generator(1, args.device))
+            out = speculator.sample_tokens(prompt, max_tokens=args.max_tokens, sampling=SamplingParams(1.0), generator=as_generator(1, args.device))
             _sync(args.device)
             seconds = time.perf_counter() - start
-            loop[name] = {"s_per_token": seconds / int((out >= 0).sum()), "s_per_round": seconds / engine.target.forwards, "target_forwards": engine.target.forwards}
+            loop[engine][name] = {"s_per_token": seconds / int((out >= 0).sum()), "s_per_round": seconds / speculator.target.forwards,
+                                  "target_forwards": speculator.target.forwards, "engine": speculator.engine}
+        baseline = loop[args.engines[0]]["plain"]["s_per_token"]
+        for gamma in args.gammas:
+            cell = loop[engine][f"gamma={gamma}"]
+            cell["speedup_at_alpha_vs_first_engine_plain"] = projections(args.alpha, gamma, 0, 1)["tokens_per_round"] / (cell["s_per_round"] / baseline)
     return {
         "models": {"draft": draft_name, "target": target_name, "dtype": str(dtype), "weights": "random init (no weights travel)"},
         "alpha_assumed": args.alpha, "costs": costs, "projected": projected, "loop_random_draft": loop,
@@ -256,6 +304,9 @@ def main() -> int:
     parser.add_argument("--alpha", type=float, default=0.78, help="alpha for --random-init projections (default: 0.78)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--engines", nargs="+", choices=list(ENGINES), default=["eager"],
+                        help="how the models run, compared side by side; the first engine's plain sampling is the baseline (default: eager)")
+    parser.add_argument("--warmup", action="store_true", help="one untimed generation per side before the runs (compiled engines compile then)")
     parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--top-p", type=float, default=1.0)
