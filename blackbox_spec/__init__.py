@@ -5,11 +5,13 @@ from ._exceptions import (
     BlackboxSpecError,
     ConfigurationError,
     ModelNotFoundError,
+    NondeterministicTargetError,
     PromptError,
     TargetConnectionError,
     TargetError,
     TargetHTTPError,
     TargetResponseError,
+    TokenizerError,
 )
 from ._retry import RetryPolicy
 from ._stats import GenerationResult, GenerationStats, Piece
@@ -32,6 +34,7 @@ __all__ = [
     "GenerationStats",
     "GenerationStream",
     "ModelNotFoundError",
+    "NondeterministicTargetError",
     "Piece",
     "NGramDrafter",
     "Plan",
@@ -43,6 +46,7 @@ __all__ = [
     "TargetError",
     "TargetHTTPError",
     "TargetResponseError",
+    "TokenizerError",
     "Verdict",
     "Verifier",
     "__version__",

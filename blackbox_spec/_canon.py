@@ -18,9 +18,11 @@ tokens must stay a prefix, and the text must come back in as many tokens as
 the target wrote.  (Counts, not token ids: a prefix of a word may be
 segmented otherwise alone than inside the word, which a count at a token
 end the target chose does not see.)  When that fails, no call may send the text again: the
-generation is the plain call (the orchestrator's ``_restart_plainly``).
+generation is the plain call (the orchestrator's ``_go_plain``).
 Without a tokenizer only the prompt's end can be judged, from its
-characters (``_tokens.risky_boundary``).
+characters (``_tokens.risky_boundary``).  A tokenizer that is there but
+keeps failing (``TokenizerError``, after its retries) is not taken for an
+absent one: the text can't be checked, so it is not sent back either.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ._exceptions import TokenizerError
 from ._tokens import risky_boundary
 
 NOTE = ("the text sent back would not tokenize as the target wrote it ({why}): every speculative call would leave "
         "the plain call's path, so the rest is the plain call's")
+FAILED_NOTE = "the server's tokenizer failed ({why}), so the text sent back could not be checked: the rest is the plain call's"
 
 
 class Canon:
@@ -44,6 +48,7 @@ class Canon:
         self.prompt_tokens = 0
         self.checked: str | None = None  # the text last found to hold
         self.broken: str | None = None  # why the text is not the target's own tokens
+        self.failed: str | None = None  # why it could not be checked (the tokenizer failed)
         self.asks = 0
         # Questions asked ahead (``prefetch``), by text ("" is the prompt alone).
         self._asked: dict[str, asyncio.Future] = {}
@@ -85,13 +90,11 @@ class Canon:
             return False
         if text == self.checked or not text:
             return True
-        tokenize = getattr(self.target, "context_tokens", None)
-        if self.seen is None and tokenize is not None:
-            if text not in self._asked:
-                self._ask(text)  # (both questions at once)
-            self.seen = await self._tokens("")
-            self.prompt_tokens = len(self.seen or [])
-        now = await self._tokens(text) if tokenize is not None and self.seen is not None else None
+        try:
+            now = await self._ask_both(text)
+        except TokenizerError as exc:
+            self.broken = self.failed = str(exc)
+            return False
         self.asks += 1
         if now is None:
             # No tokenizer to ask: only the prompt's end can be judged.
@@ -105,6 +108,17 @@ class Canon:
             self.checked = text
         return self.broken is None
 
+    async def _ask_both(self, text: str) -> list[int] | None:
+        """The server's tokens for ``prompt + text`` (the prompt's own learned
+        first, both asked at once); None without a tokenizer."""
+        tokenize = getattr(self.target, "context_tokens", None)
+        if self.seen is None and tokenize is not None:
+            if text not in self._asked:
+                self._ask(text)  # (both questions at once)
+            self.seen = await self._tokens("")
+            self.prompt_tokens = len(self.seen or [])
+        return await self._tokens(text) if tokenize is not None and self.seen is not None else None
+
     @property
     def note(self) -> str:
-        return NOTE.format(why=self.broken)
+        return FAILED_NOTE.format(why=self.failed) if self.failed else NOTE.format(why=self.broken)

@@ -8,7 +8,9 @@ BlackboxSpecError
     ├── TargetHTTPError       the server answered with an HTTP error status
     │   ├── AuthenticationError  401 / 403
     │   └── ModelNotFoundError   the model name is unknown to the server
-    └── TargetResponseError   the server answered, but not with what the API promises
+    ├── TargetResponseError   the server answered, but not with what the API promises
+    │   └── NondeterministicTargetError  the same plain request came back with other text
+    └── TokenizerError        the server's /tokenize is there but kept failing
 
 Low-level errors (httpx, json) are mapped at the boundary with
 ``raise OurError(msg) from exc``.  Messages never contain the API key:
@@ -79,6 +81,19 @@ class ModelNotFoundError(TargetHTTPError):
 
 class TargetResponseError(TargetError):
     """The server's answer is not what the OpenAI API describes."""
+
+
+class NondeterministicTargetError(TargetResponseError):
+    """A plain call made again from the prompt (after its stream broke, or
+    where speculation had to give up) did not start with the text already
+    emitted: this server does not answer a temperature-0 request the same
+    way twice.  ``partial`` holds what was emitted; nothing is spliced."""
+
+
+class TokenizerError(TargetError):
+    """The server's ``/tokenize`` (or ``/detokenize``) exists but failed
+    after its retries (a 5xx, a timeout), which is not the same as a server
+    without one: exactness checks that rest on it are not silently dropped."""
 
 
 _MASK = "***"

@@ -32,6 +32,10 @@ class GenerationStats:
     # the same text), and why speculation was given up, if it was.
     failed_rounds: int = 0
     fallback: str | None = None
+    # Why the server's token strings were given up on in this generation
+    # (they did not fit its text): the rest was decoded plainly, without
+    # logprobs.  None while they were trusted.
+    token_strings_failed: str | None = None
     prompt_tokens_billed: int = 0
     completion_tokens_billed: int = 0
     wall_s: float = 0.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -26,16 +27,23 @@ from ._exceptions import (
     ConfigurationError,
     ModelNotFoundError,
     TargetConnectionError,
+    TargetError,
     TargetHTTPError,
     TargetResponseError,
+    TokenizerError,
     redact,
 )
 from ._cancel import ShieldedCloseTransport
-from ._retry import RetryPolicy, parse_retry_after
-from ._tokens import OPAQUE, Unit, align_tokens, is_token_id, mark_inexact, with_last_bytes
+from ._resume_align import Aligned, align_prompt
+from ._retry import RetryPolicy, is_retryable, parse_retry_after
+from ._tokens import OPAQUE, AlignmentError, Unit, align_tokens, is_token_id, mark_inexact, with_last_bytes
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 LLAMA_FINGERPRINT = re.compile(r"^b\d+-")  # llama.cpp's build info (server-task.cpp)
+# An echoed prompt longer than this is aligned in a thread (~10 µs a token
+# here): the event loop (other generations' streams, ``bspec serve``'s
+# /health) keeps running meanwhile.
+THREAD_CHARS = 2_000
 
 
 @dataclass
@@ -66,6 +74,8 @@ class Completion:
     echoed: bool = False
     # Chat only: vLLM's ``prompt_logprobs`` as sent (see ``chat``).
     prompt_logprobs: list | None = None
+    # The echoed prompt's alignment, for the next round to pick up (``_resume_align``).
+    prompt_aligned: Aligned | None = None
 
     @property
     def eos(self) -> bool:
@@ -84,6 +94,9 @@ class StreamPiece:
     # Tokens generated so far, where the server says (llama.cpp's timings per
     # token): it lists only tokens that finish a character.
     generated: int | None = None
+    # The chunk also ended the stream (its text may stop short of its
+    # tokens' ends: a stop string cut it).
+    final: bool = False
 
 
 @dataclass
@@ -276,8 +289,12 @@ class TargetAPI:
 
     async def _root_post(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """A call at the server's root (``/tokenize``, ``/detokenize``), with
-        the usual retries; None where the server has no such endpoint, answers
-        oddly, or failed for good."""
+        the usual retries.  None where the server has no such endpoint: it
+        refuses the request (404, 405, any 4xx that a retry would not
+        change) or answers with something other than a JSON object.  An
+        endpoint that is there but keeps failing (5xx, 429, timeouts, broken
+        connections, after the retries) raises :class:`TokenizerError`: that
+        is not the same as absent, and the checks resting on it must know."""
         try:
             async for attempt in self.retries.retrying(self._count_retry):
                 with attempt:
@@ -288,15 +305,23 @@ class TargetAPI:
                         raise self._connection_error(exc) from None
                     if response.status_code >= 400:
                         raise self._http_error(response)
-                    data = response.json()
+                    try:
+                        data = response.json()
+                    except ValueError:
+                        return None
                     return data if isinstance(data, dict) else None
-        except Exception:  # noqa: BLE001 - an optional endpoint: any failure means "not here"
+        except TargetError as exc:
+            if isinstance(exc, TargetConnectionError) or is_retryable(exc):
+                raise TokenizerError(self._fail(f"{path} at {self.base_url} failed: {exc}")) from None
+            return None
+        except Exception:  # noqa: BLE001 - anything else (a transport that refuses the path, say): not here
             return None
         return None
 
     async def tokenize(self, text: str) -> list[int] | None:
         """The server's own tokens for ``text`` (vLLM's or llama.cpp's
-        ``/tokenize``), without special tokens; None where it has none."""
+        ``/tokenize``), without special tokens; None where it has none;
+        :class:`TokenizerError` where it has one that keeps failing."""
         if not text:
             return []
         if self._tokenizes is None:
@@ -310,9 +335,11 @@ class TargetAPI:
     async def learn_tokenize(self) -> None:
         """Learn now how this server tokenizes, if that is not known yet: a
         speculative generation starts it beside its first request, so the
-        first text it sends back (checked by ``_canon``) does not wait for it."""
+        first text it sends back (checked by ``_canon``) does not wait for it.
+        (A failure leaves it unlearned: the first check asks again.)"""
         if self._tokenizes is None:
-            await self.tokenize("Hello")
+            with contextlib.suppress(TokenizerError):
+                await self.tokenize("Hello")
 
     def _tokenize_body(self, shape: str, text: str) -> dict[str, Any]:
         if shape == "vllm":
@@ -324,12 +351,21 @@ class TargetAPI:
         server has neither, as hosted APIs have not); the first that answers
         with tokens is how this server is asked from now on.  (llama.cpp
         answers vLLM's shape too: with no tokens, for no "content".)"""
-        answers = await asyncio.gather(*(self._root_post("/tokenize", self._tokenize_body(shape, text)) for shape in ("vllm", "llama")))
-        for shape, data in zip(("vllm", "llama"), answers):
+        shapes = ("vllm", "llama")
+        answers = await asyncio.gather(*(self._root_post("/tokenize", self._tokenize_body(shape, text)) for shape in shapes), return_exceptions=True)
+        failed = None
+        for shape, data in zip(shapes, answers):
+            if isinstance(data, BaseException):
+                if not isinstance(data, TokenizerError):
+                    raise data
+                failed = data
+                continue
             tokens = _token_list(data)
             if tokens:
                 self._tokenizes = shape
                 return tokens
+        if failed is not None:
+            raise failed  # there but failing: not learned, asked again next time
         self._tokenizes = False
         return None
 
@@ -342,7 +378,8 @@ class TargetAPI:
         """How many tokens the target made ``text`` of, after ``prompt``: the
         server's own tokenization of both (the greedy path is its own
         tokenization: ``_canon`` checks that before anything is sent back).
-        None where the server can't tokenize."""
+        None where the server can't tokenize (:class:`TokenizerError` where
+        its tokenizer fails)."""
         whole, head = await asyncio.gather(self.context_tokens(prompt, text), self.context_tokens(prompt, ""))
         if whole is None or head is None or whole[: len(head)] != head:
             return None
@@ -359,7 +396,10 @@ class TargetAPI:
         unknown = {s for s in strings if s not in self._token_names} if self._detokenizes is not False else set()
 
         async def name(token: str) -> None:
-            answer = await self._root_post("/detokenize", {"model": self.model, "tokens": [int(token.split(":", 1)[1])]})
+            try:
+                answer = await self._root_post("/detokenize", {"model": self.model, "tokens": [int(token.split(":", 1)[1])]})
+            except TokenizerError:
+                return  # failing now, not absent: the id stays unnamed in this answer
             text = answer.get("prompt") if answer else None
             if isinstance(text, str):
                 self._token_names[token] = text
@@ -383,8 +423,13 @@ class TargetAPI:
         logprobs: int | None = None,
         echo: bool = False,
         stop: list[str] | None = None,
+        earlier: Aligned | None = None,
+        stable: int | None = None,
     ) -> Completion:
-        """One temperature-0 completion, parsed and aligned."""
+        """One temperature-0 completion, parsed and aligned.  With ``echo``:
+        ``earlier`` is the last round's prompt alignment, picked up where
+        this prompt begins the same way, in its first ``stable`` characters
+        (``_resume_align``); a long prompt is aligned off the event loop."""
         body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
         if logprobs is not None:
             body["logprobs"] = logprobs
@@ -396,7 +441,8 @@ class TargetAPI:
         response = await self._post("/completions", body)
         data = self._json(response)
         await self._name_token_ids(data)
-        return self._parse(data, prompt if echo else None, time.perf_counter() - started)
+        parse = functools.partial(self._parse, data, prompt if echo else None, time.perf_counter() - started, earlier=earlier, stable=stable)
+        return await asyncio.to_thread(parse) if echo and len(prompt) > THREAD_CHARS else parse()
 
     async def chat(
         self,
@@ -430,7 +476,8 @@ class TargetAPI:
         body.update(extra or {})
         return body
 
-    def _parse(self, data: dict[str, Any], echoed_prompt: str | None, elapsed: float, *, chat: bool = False, repeated: str = "") -> Completion:
+    def _parse(self, data: dict[str, Any], echoed_prompt: str | None, elapsed: float, *, chat: bool = False, repeated: str = "",
+               earlier: Aligned | None = None, stable: int | None = None) -> Completion:
         try:
             choice = data["choices"][0]
             full = (choice["message"].get("content") or "") if chat else choice["text"]
@@ -455,12 +502,16 @@ class TargetAPI:
         if tokens is None:
             return completion
         if echoed:
-            completion.prompt_units, completion.units = _split_echo(full, len(echoed_prompt), tokens, lps, tops, usage)
+            completion.prompt_aligned, completion.units = _split_echo(full, len(echoed_prompt), tokens, lps, tops, usage, earlier, stable)
+            completion.prompt_units = completion.prompt_aligned.units
         else:
+            left_out = usage.completion_tokens - len(tokens) if usage.completion_tokens else None
+            if left_out is not None and left_out < 0:
+                # (Every server lists at most one string per token it generated.)
+                raise AlignmentError(f"{len(tokens)} token strings for {usage.completion_tokens} generated tokens")
             completion.units = _align_generated(text, tokens, lps, tops)
             # Fewer tokens listed than generated: the server leaves out the
             # pieces of characters (llama.cpp), so counts are lower bounds.
-            left_out = usage.completion_tokens - len(tokens) if usage.completion_tokens else None
             if left_out is not None and left_out > 0:
                 self.omits_pieces = True
             if self.omits_pieces:
@@ -504,7 +555,7 @@ class TargetAPI:
             body["stop"] = stop
         if logprobs is not None:
             body["logprobs"] = logprobs
-            self._count_each_token(body)
+        self._count_each_token(body)
         return self._stream("/completions", body, logprobs is not None)
 
     def _recognize(self, data: Any) -> None:
@@ -520,8 +571,9 @@ class TargetAPI:
             self.omits_pieces = True
 
     def _count_each_token(self, body: dict[str, Any]) -> None:
-        """llama.cpp lists only tokens that finish a character; its timings
-        per token say how many it generated (``StreamPiece.generated``)."""
+        """llama.cpp lists only tokens that finish a character, and shows no
+        text for those of a character max_tokens cut: its timings per token
+        say how many it generated (``StreamPiece.generated``)."""
         if self.server_kind == "llama.cpp":
             body["timings_per_token"] = True
 
@@ -532,8 +584,7 @@ class TargetAPI:
         """As :meth:`stream`, over ``/chat/completions`` (the deltas' content)."""
         body = self._chat_body(messages, max_tokens, logprobs, stop, extra)
         body.update(stream=True, stream_options={"include_usage": True})
-        if logprobs:
-            self._count_each_token(body)
+        self._count_each_token(body)
         return self._stream("/chat/completions", body, logprobs)
 
     async def _stream(self, path: str, body: dict[str, Any], with_tokens: bool) -> AsyncIterator[StreamPiece | StreamEnd]:
@@ -638,7 +689,7 @@ def _parse_chunk(chunk: Any, with_tokens: bool) -> tuple[list[StreamPiece], str 
             raise TypeError("text is not a string")
         tokens = _logprob_lists(choice.get("logprobs"))[0] if with_tokens else None
         if text or tokens:
-            pieces.append(StreamPiece(text, tokens, own_bytes(choice.get("logprobs")) if with_tokens else None))
+            pieces.append(StreamPiece(text, tokens, own_bytes(choice.get("logprobs")) if with_tokens else None, final=bool(choice.get("finish_reason"))))
         finish = choice.get("finish_reason") or finish
     timings = chunk.get("timings")
     if pieces and isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int):
@@ -709,18 +760,24 @@ def fold_specials(units: list[Unit]) -> list[Unit]:
     return folded
 
 
-def _split_echo(full: str, prompt_len: int, tokens: list[str], lps: list, tops: list, usage: Usage) -> tuple[list[Unit], list[Unit]]:
-    """Split echoed logprobs into the prompt's units and the generated ones.
+def _split_echo(full: str, prompt_len: int, tokens: list[str], lps: list, tops: list, usage: Usage,
+                earlier: Aligned | None = None, stable: int | None = None) -> tuple[Aligned, list[Unit]]:
+    """Split echoed logprobs into the prompt's alignment and the generated
+    units (the prompt picked up from ``earlier``: ``_resume_align``).
 
     The server tokenized the prompt on its own, so its tokens end exactly at
     ``prompt_len``; ``usage.completion_tokens`` says how many came after.
     """
     n_generated = usage.completion_tokens if usage.completion_tokens else None
     split = len(tokens) - n_generated if n_generated is not None and n_generated <= len(tokens) else None
+    if split is not None and usage.prompt_tokens and split != usage.prompt_tokens:
+        # One string per prompt token, each with that position's top choice:
+        # a list of another length can't say which position a top belongs to.
+        raise AlignmentError(f"{split} token strings for a prompt of {usage.prompt_tokens} tokens")
     if split is None:  # no usage: find the token that ends at the prompt's end
         units = align_tokens(full, tokens, lps, tops)
         prompt_units = [u for u in units if u.end <= prompt_len and not (u.special and u.start == prompt_len)]
-        return prompt_units, fold_specials(units[len(prompt_units):])
-    prompt_units = align_tokens(full[:prompt_len], tokens[:split], lps[:split], tops[:split], prompt=True)
+        return Aligned(full[:prompt_len], b"", [], prompt_units), fold_specials(units[len(prompt_units):])
+    aligned = align_prompt(full[:prompt_len], tokens[:split], lps[:split], tops[:split], earlier, stable)
     generated = align_tokens(full[prompt_len:], tokens[split:], lps[split:], tops[split:])
-    return prompt_units, fold_specials(generated)
+    return aligned, fold_specials(generated)

@@ -52,8 +52,10 @@ _BYTE_FORM = re.compile(r"^(?:bytes:|byte: )((?:\\x[0-9a-fA-F]{2})+)$")
 _TOKEN_ID = re.compile(r"^token_id:-?\d+$")
 _OPAQUE_RUN = re.compile("\ufffd+")
 # A token that ends inside a character holds at most this many bytes (a
-# vocabulary's longest such pieces are a few characters and a lead byte).
-_MAX_HIDDEN_BYTES = 64
+# vocabulary's longest such pieces are a few characters and a lead byte:
+# Qwen2.5's is 14 bytes, four katakana and a lead byte).  A longer one
+# makes the strings not fit, which costs speculation, never exactness.
+_MAX_HIDDEN_BYTES = 32
 _PENDING = -1  # a token whose bytes run past the text a stream has shown so far
 
 
@@ -234,6 +236,38 @@ class _Spans:
             found.append(_PENDING)  # the rest of the text and the character max_tokens cut
         return found
 
+    def hidden_ends(self, b: int, run: tuple[int, ...], follower: str | None, between: int) -> list[tuple[int, tuple[int, ...]]]:
+        """Ends, with the run each leaves, of a ``""`` token placed at byte
+        ``b`` inside the text (current vLLM: a token that ends inside a
+        character), knowing the token that completes the run: ``follower``,
+        the next one that is not ``""`` (None: there is none), with
+        ``between`` more ``""`` tokens before it.
+
+        Only the placements the follower can finish are kept, which keeps
+        runs of split characters linear (every ``""`` may otherwise end at
+        any of the next 64 bytes, and their runs multiply):
+
+        * none follows: ``""`` tokens never reach the text's end (a
+          character boundary) from inside it, so none;
+        * a readable follower starts with a whole character, so it can only
+          begin at the run's first byte (the other pieces begin inside a
+          character) and carries the pieces' text: the run ends before
+          ``start + len(follower)``, with room for the pieces still to come,
+          and only its first byte matters.
+        """
+        if follower is None:
+            return []
+        start = run[0] if run else b
+        limit = min(self.size, b + _MAX_HIDDEN_BYTES)
+        new_run = (*run, b)[-4:]
+        if follower and not is_opaque(follower) and not looks_special(follower):
+            raw = follower.encode("utf-8", "surrogatepass")
+            if not self.data.startswith(raw, start):
+                return []
+            limit = min(limit, start + len(raw) - 1 - between)
+            new_run = (start,)
+        return [(e, new_run) for e in range(b + 1, limit + 1) if not self.boundary(e)]
+
     def ends_inside(self, token: str) -> bool:
         """Could this token end inside a character (so show no text yet)?"""
         if token == "" or is_token_id(token):
@@ -252,6 +286,8 @@ def align_tokens(
     *,
     partial: bool = False,
     prompt: bool = False,
+    ends: dict[int, tuple[int, bool]] | None = None,
+    syncs: list[tuple[int, int, int]] | None = None,
 ) -> list[Unit]:
     """Place token strings over ``text`` and group them into :class:`Unit` s.
 
@@ -261,7 +297,13 @@ def align_tokens(
     the tokens must cover the text; a trailing U+FFFD (a character that
     max_tokens cut, as the server rendered it) and the pieces that made it
     are left out of the units.  ``prompt``: the tokens are an echoed
-    prompt's, which cover its text exactly (nothing was cut).
+    prompt's, which cover its text exactly (nothing was cut).  ``ends``:
+    what a stream's chunks said of where tokens end (``LiveText``): after
+    ``k`` tokens the text shown ended at byte ``b``, so the ``k``-th token
+    ends there (``(b, True)``: the chunk held that one token) or one of the
+    chunk's tokens does and the rest lie beyond (``(b, False)``).
+    ``syncs``: filled with the points every placement passes through, for
+    picking the alignment up again there (``_resume_align``).
 
     >>> [u.text for u in align_tokens("a好b", ["a", "\\ufffd", "\\ufffd", "b"])]
     ['a', '好', 'b']
@@ -279,13 +321,19 @@ def align_tokens(
         # Ids with no text: the token count is all we know.  The whole answer
         # is one unit (at a stream's end: the caller takes the rest whole).
         return [] if partial or not text else [Unit(text, n, 0, matches=False)]
+    found: list[tuple[int, int, int]] = []
     try:
-        return _align(text, tokens, logprobs, tops, partial, prompt, exact=True)
+        units = _align(text, tokens, logprobs, tops, partial, prompt, exact=True, anchors=ends or {}, syncs=found)
     except AlignmentError:
-        return _align(text, tokens, logprobs, tops, partial, prompt, exact=False)
+        found.clear()
+        units = _align(text, tokens, logprobs, tops, partial, prompt, exact=False, anchors=ends or {}, syncs=found)
+    if syncs is not None:
+        syncs += found
+    return units
 
 
-def _align(text: str, tokens: list[str], logprobs: list, tops: list, partial: bool, prompt: bool, exact: bool) -> list[Unit]:
+def _align(text: str, tokens: list[str], logprobs: list, tops: list, partial: bool, prompt: bool, exact: bool,
+           anchors: dict[int, tuple[int, bool]], syncs: list[tuple[int, int, int]]) -> list[Unit]:
     n = len(tokens)
     if partial:
         # Special tokens at a stream's end so far may be its end of text:
@@ -305,6 +353,8 @@ def _align(text: str, tokens: list[str], logprobs: list, tops: list, partial: bo
     # 1. Every placement, token by token: states (byte, run) after i tokens,
     #    with the states they came from.
     layers: list[dict[tuple[int, tuple[int, ...]], set]] = [{(0, ()): set()}]
+    followers = _followers(tokens)
+    reach = reads = 0  # the furthest byte any placement reached, and how far a token reads past its start
     for i, token in enumerate(tokens):
         nxt: dict[tuple[int, tuple[int, ...]], set] = {}
         special = looks_special(token)
@@ -312,6 +362,11 @@ def _align(text: str, tokens: list[str], logprobs: list, tops: list, partial: bo
             b, run = state
             if special and not (b != _PENDING and data.startswith(token.encode("utf-8", "surrogatepass"), b)):
                 nxt.setdefault(state, set()).add(state)  # zero-width
+                continue
+            if token == "" and b != _PENDING and b < size and followers[i] is not None:
+                j = followers[i]
+                for e, new_run in spans.hidden_ends(b, run, tokens[j] if j < n else None, j - i - 1):
+                    nxt.setdefault((e, new_run), set()).add(state)
                 continue
             for e in spans.ends(token, b, run):
                 # Current vLLM shows "" for a token that ends inside a
@@ -322,7 +377,20 @@ def _align(text: str, tokens: list[str], logprobs: list, tops: list, partial: bo
                 nxt.setdefault((e, new_run), set()).add(state)
         if not nxt:
             raise AlignmentError(f"token {i} ({token!r}) does not fit the text after byte {_furthest(layers[-1])}")
+        if i + 1 in anchors:
+            nxt = _anchored(nxt, *anchors[i + 1])
+            if not nxt:
+                raise AlignmentError(f"token {i} ({token!r}) does not end where the stream showed a token end (byte {anchors[i + 1][0]})")
         layers.append(nxt)
+        reach = max(reach, _furthest(nxt))
+        reads = max(reads, len(token.encode("utf-8", "surrogatepass")) + 6 * token.count(OPAQUE) + (_MAX_HIDDEN_BYTES if token == "" else 0) + 4)
+        if len(nxt) == 1 and token != "":
+            (b, run), = nxt
+            if not run and b != _PENDING and b < size and spans.boundary(b):
+                # Every placement passes here, and how the tokens so far were
+                # placed read no byte from ``reach + reads`` on: a text that
+                # begins with the same bytes up to there aligns the same way.
+                syncs.append((i + 1, b, reach + reads))
 
     # 2. The placements that explain the whole text (or, streaming, all of
     #    what was shown), walked back to keep only the states on them.
@@ -374,6 +442,29 @@ def _align(text: str, tokens: list[str], logprobs: list, tops: list, partial: bo
             # the target's choice there is unreadable: no correction either.
             units.append(Unit(piece, j - i, start, matches=False, sizes=sizes, steps=steps))
     return units
+
+
+def _anchored(states: dict, at: int, alone: bool) -> dict:
+    """The states that agree with a stream chunk's end at byte ``at``: the
+    chunk's one token ends there (``alone``), or its last ends there or
+    beyond (held back, or past the text so far)."""
+    if alone:
+        return {s: came for s, came in states.items() if s[0] == at}
+    return {s: came for s, came in states.items() if s[0] == _PENDING or s[0] >= at}
+
+
+def _followers(tokens: list[str]) -> list[int | None]:
+    """Per ``""`` token, the index of the next token that is not ``""``
+    (``len(tokens)`` where none is); None where that one is a special
+    token (zero-width, so not what completes the run) or for other tokens."""
+    out: list[int | None] = [None] * len(tokens)
+    nxt = len(tokens)
+    for k in range(len(tokens) - 1, -1, -1):
+        if tokens[k] == "":
+            out[k] = nxt if nxt == len(tokens) or not looks_special(tokens[nxt]) else None
+        else:
+            nxt = k
+    return out
 
 
 def _furthest(states: dict) -> int:

@@ -27,12 +27,14 @@ by :func:`probe_chat`, never assumed:
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
 from ._exceptions import PromptError, TargetError, TargetHTTPError, TargetResponseError
-from ._target import Completion, StreamEnd, StreamPiece, TargetAPI, Usage
-from ._tokens import AlignmentError, Unit, align_tokens, count_tokens
+from ._target import THREAD_CHARS, Completion, StreamEnd, StreamPiece, TargetAPI, Usage
+from ._resume_align import Aligned, align_prompt
+from ._tokens import AlignmentError, Unit, count_tokens
 
 # The request fields that make vLLM / SGLang continue the final message.
 CONTINUE_FIELDS = {"continue_final_message": True, "add_generation_prompt": False}
@@ -154,13 +156,17 @@ class ChatTurn:
         repeated = partial if self.support.repeats_prefill else ""
         return self.messages + [{"role": "assistant", "content": partial}], {**self.support.prefill, **self.extra}, repeated
 
-    async def complete(self, prompt: str, *, max_tokens: int, logprobs: int | None = None, echo: bool = False, stop: list[str] | None = None) -> Completion:
+    async def complete(self, prompt: str, *, max_tokens: int, logprobs: int | None = None, echo: bool = False, stop: list[str] | None = None,
+                       earlier: Aligned | None = None, stable: int | None = None) -> Completion:
         messages, fields, repeated = await self._request(prompt)
         if echo:
             fields["prompt_logprobs"] = 1
         c = await self.api.chat(messages, max_tokens=max_tokens, logprobs=logprobs is not None or echo, stop=stop, extra=fields, repeated=repeated)
         self.usage_seen.append(c.usage)
         if echo:
+            part = None if stable is None else max(0, stable - len(self.head))
+            align = functools.partial(_prompt_aligned, c, prompt[len(self.head):], earlier, part)
+            c.prompt_aligned = await asyncio.to_thread(align) if len(prompt) - len(self.head) > THREAD_CHARS else align()
             c.prompt_units = _prompt_units(c, prompt[len(self.head):], len(self.head))
             c.echoed = c.prompt_units is not None
         return c
@@ -178,7 +184,7 @@ class ChatTurn:
                     if item.text[:cut] != repeated[:cut]:
                         raise TargetResponseError(f"{self.api.base_url} did not repeat the prefilled message before its answer, as it did before")
                     repeated = repeated[cut:]
-                    item = StreamPiece(item.text[cut:], item.tokens)
+                    item = replace(item, text=item.text[cut:])
                     if not item.text and not item.tokens:
                         continue
                 yield item
@@ -236,10 +242,10 @@ def content_start(tokens: list[str | None], content: str) -> int | None:
     return None
 
 
-def _prompt_units(c: Completion, content: str, offset: int) -> list[Unit] | None:
-    """Echo units for the prefilled message, placed at ``offset`` (the head's
-    length) in the orchestrator's text.  When the message's tokens can't be
-    found exactly, one unit spans it all: the verifier then asks plainly."""
+def _prompt_aligned(c: Completion, content: str, earlier: Aligned | None, stable: int | None) -> Aligned | None:
+    """The prefilled message's alignment from vLLM's ``prompt_logprobs``
+    (picked up from ``earlier``: ``_resume_align``); None where its tokens
+    can't be found exactly."""
     if c.prompt_logprobs is None:
         return None
     try:
@@ -250,10 +256,21 @@ def _prompt_units(c: Completion, content: str, offset: int) -> list[Unit] | None
     try:
         if start is None:
             raise AlignmentError("the message's tokens are not readable")
-        units = align_tokens(content, [t or "" for t in tokens[start:]], lps[start:], tops[start:], prompt=True)
+        return align_prompt(content, [t or "" for t in tokens[start:]], lps[start:], tops[start:], earlier, stable)
     except AlignmentError:
+        return None
+
+
+def _prompt_units(c: Completion, content: str, offset: int) -> list[Unit] | None:
+    """Echo units for the prefilled message, placed at ``offset`` (the head's
+    length) in the orchestrator's text.  When the message's tokens can't be
+    found exactly, one unit spans it all: the verifier then asks plainly."""
+    if c.prompt_logprobs is None:
+        return None
+    if c.prompt_aligned is None:
+        tokens = c.prompt_logprobs
         return [Unit(content, max(1, len(tokens)), offset, matches=False)]
-    return [replace(u, start=u.start + offset) for u in units]
+    return [replace(u, start=u.start + offset) for u in c.prompt_aligned.units]
 
 
 # -- the probe -----------------------------------------------------------------------
@@ -280,6 +297,9 @@ async def probe_chat(api: TargetAPI, known: ContinueCheck | None = None) -> Chat
             raise
         plain = await api.chat(_PROBE_MESSAGES, max_tokens=16)
         logprobs = False
+    except AlignmentError as exc:
+        plain = await api.chat(_PROBE_MESSAGES, max_tokens=16)
+        return ChatSupport(False, None, False, plain.elapsed, f"the server's token strings on chat do not fit its text ({exc}), so token boundaries are unknown")
     round_trip = plain.elapsed
     if not logprobs:
         return ChatSupport(False, None, False, round_trip, "the server returns no logprobs on chat, so token boundaries are unknown")

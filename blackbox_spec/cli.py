@@ -692,6 +692,7 @@ def _summary(result: GenerationResult) -> str:
         + (f", {s.retries} retried calls" if s.retries else "")
         + (f", {s.failed_rounds} failed rounds resumed" if s.failed_rounds else "")
         + (", then plain decoding (verification kept failing)" if s.fallback and s.fallback.startswith("decoding plainly") else "")
+        + (", plain decoding without logprobs (the server's token strings did not fit its text)" if s.token_strings_failed else "")
         + (f", plain chat: {s.notes[0]}" if s.fallback == "plain chat" and s.notes else "")
         + (f", prediction tokens accepted {s.accepted_prediction_tokens}, rejected {s.rejected_prediction_tokens}" if s.accepted_prediction_tokens is not None else "")
     )

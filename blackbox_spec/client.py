@@ -25,14 +25,18 @@ from ._stats import GenerationResult, GenerationStats
 from ._retry import RetryPolicy
 from ._stopping import DEFAULT_RULE, RULES, single_stop_rule
 from ._target import StreamPiece, TargetAPI, resolve_settings
+from ._tokens import AlignmentError
 from .chat import ChatSupport, ChatTurn, ContinueCheck, check_messages, probe_chat, probe_predictions
 from .drafters import Drafter, DrafterFactory, SessionIndex, drafter_factory
 from .drafters.prediction import PredictionDrafter
-from .orchestrator import Output, decode_plainly_from_start, speculate
+from ._output import Output
+from ._plain import decode_plainly_from_start
+from .orchestrator import speculate
 from .policy import Policy, ServerCosts
 from .probe import STOP_PROBE_PROMPT, probe_stop_rule
 from .profile import LOADED_WEIGHT, PROFILE_MODES, ProfileStore
 from .verifiers import EchoVerifier, FanoutVerifier
+from .verifiers.branches import LiveText
 
 STRATEGIES = ("auto", "echo", "fanout", "plain")
 # The batch probe: this many small calls at once against one alone.
@@ -51,6 +55,10 @@ class Capabilities:
     echo: bool
     logprobs: bool
     round_trip_s: float
+    # The probe's own answer was placed over its text by its token strings
+    # (``_tokens.align_tokens``): False where they don't fit (a convention
+    # the aligner does not know), and nothing is speculated on them.
+    token_strings_fit: bool = True
 
 
 class GenerationStream:
@@ -250,6 +258,8 @@ class SpecClient:
         lower bounds.)  A refusal sends the client back to a full probe."""
         try:
             await self.api.complete("Hello", max_tokens=1, logprobs=1 if self.capabilities and self.capabilities.logprobs else None)
+        except AlignmentError:
+            pass  # (the answer said who answers before its token strings were read; a generation copes with them)
         except TargetHTTPError as exc:
             if exc.status_code not in _REFUSALS:
                 raise
@@ -397,18 +407,19 @@ class SpecClient:
         for outcome in (plain_call, echo_call):
             if isinstance(outcome, BaseException):
                 raise outcome
-        (first_s, per_token_s, alone_s), logprobs = plain_call  # type: ignore[misc]
+        (first_s, per_token_s, alone_s), (logprobs, fit) = plain_call  # type: ignore[misc]
         echo, echo_s = echo_call  # type: ignore[misc]
         self.costs = ServerCosts(first_s, echo_s)
         if per_token_s is not None:
             self.costs.stream.per_token = per_token_s
-        if logprobs:
+        if logprobs and fit:
             await self._probe_batch(self.costs, alone_s)
-        return Capabilities(echo=echo, logprobs=logprobs, round_trip_s=first_s)
+        return Capabilities(echo=echo, logprobs=logprobs, round_trip_s=first_s, token_strings_fit=fit)
 
-    async def _probe_plain(self) -> tuple[tuple[float, float | None, float], bool]:
+    async def _probe_plain(self) -> tuple[tuple[float, float | None, float], tuple[bool, bool]]:
         """A small plain stream with logprobs: ((first-token latency,
-        seconds per token after it, seconds in all), whether logprobs came)."""
+        seconds per token after it, seconds in all), (whether logprobs came,
+        whether their token strings fit the text))."""
         try:
             return await self._timed_stream(logprobs=1)
         except TargetHTTPError as exc:
@@ -416,19 +427,25 @@ class SpecClient:
                 raise
             return await self._timed_stream(logprobs=None)
 
-    async def _timed_stream(self, logprobs: int | None) -> tuple[tuple[float, float | None, float], bool]:
+    async def _timed_stream(self, logprobs: int | None) -> tuple[tuple[float, float | None, float], tuple[bool, bool]]:
         started = time.perf_counter()
         first, pieces, listed = None, 0, False
+        live, fit = LiveText(), True  # token strings are trusted once they are seen to fit the text
         async with aclosing(self.api.stream(BATCH_PROBE_PROMPT, max_tokens=BATCH_PROBE_TOKENS, logprobs=logprobs)) as items:
             async for item in items:
                 if isinstance(item, StreamPiece):
                     first = time.perf_counter() if first is None else first
                     pieces += 1
                     listed = listed or bool(item.tokens)
+                    if fit and item.tokens is not None:
+                        try:
+                            live.consume(live.feed(item))
+                        except AlignmentError:
+                            fit = False
         done = time.perf_counter()
         first = first or done
         per_token = (done - first) / (pieces - 1) if pieces > 2 else None
-        return (first - started, per_token, done - started), listed
+        return (first - started, per_token, done - started), (listed, fit)
 
     async def _probe_echo(self) -> tuple[bool, float | None]:
         try:
@@ -596,16 +613,23 @@ class SpecClient:
                     await self._identify()
                     self._identified = True
             caps = await self.probe()  # (measured afresh where the stored capabilities were refused)
-        available = (["echo"] if caps.echo else []) + (["fanout", "branches"] if caps.logprobs else [])
+        readable = caps.logprobs and caps.token_strings_fit
+        available = (["echo"] if caps.echo and readable else []) + (["fanout", "branches"] if readable else [])
         forced = None if self.strategy == "auto" else self.strategy
-        if forced and forced not in available:
+        # (Strings that don't fit are the server's doing, found at run time:
+        # decoded plainly, as a generation that finds them later would be.)
+        if forced and forced not in available and (readable or not caps.logprobs):
             raise ConfigurationError(
                 f"strategy {forced!r} is not available on {self.api.base_url} "
-                f"(echo: {'yes' if caps.echo else 'refused'}, logprobs: {'yes' if caps.logprobs else 'no'}); "
+                f"(echo: {'yes' if caps.echo else 'refused'}, logprobs: {_logprobs_word(caps)}); "
                 "use --strategy auto"
             )
-        if not caps.logprobs:
-            stats.note("the server returns no logprobs, so token boundaries are unknown: decoding plainly")
+        if not readable:
+            if caps.logprobs:
+                stats.token_strings_failed = "they did not fit the text of the probe's answer"
+                stats.fallback = "plain decoding without logprobs (the server's token strings did not fit its text)"
+            stats.note("the server returns no logprobs, so token boundaries are unknown: decoding plainly" if not caps.logprobs else
+                       "the server's token strings did not fit the text of the probe's answer, so token boundaries are unknown: decoding plainly")
             async with aclosing(decode_plainly_from_start(self.api, out, stats)) as pieces:
                 async for piece in pieces:
                     yield piece
@@ -719,6 +743,10 @@ class SpecClient:
             finish = getattr(drafter, "finish", None)
             if finish is not None:
                 finish()  # the suffix drafter remembers this output for the session
+
+
+def _logprobs_word(caps: Capabilities) -> str:
+    return "no" if not caps.logprobs else "yes" if caps.token_strings_fit else "yes, but their token strings do not fit the text"
 
 
 def _chat_probed(task: asyncio.Future[ChatSupport], policy: Policy, stats: GenerationStats) -> None:

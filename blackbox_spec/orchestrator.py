@@ -22,16 +22,17 @@ import asyncio
 import time
 from collections import deque
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping
 
 from ._canon import Canon
-from ._exceptions import AuthenticationError, ModelNotFoundError, TargetError, TargetHTTPError
-from ._retry import is_retryable
-from ._stats import GenerationStats, Piece
-from ._stopping import StopScanner
+from ._exceptions import TargetError, TargetHTTPError, TokenizerError
+from ._output import Output, pieces_between
+from ._plain import (cut_tail, decode_plainly, decode_plainly_from_start, decode_without_token_strings, go_plain, recoverable,
+                     render_plainly, settle)
+from ._stats import GenerationStats
 from ._target import StreamEnd, StreamPiece, TargetAPI, Usage
-from ._tokens import OPAQUE, Unit, count_tokens, mark_inexact, with_last_bytes
+from ._tokens import OPAQUE, AlignmentError, Unit, count_tokens, mark_inexact, with_last_bytes
 from .drafters.base import Drafter
 from .policy import Policy, draft_kind
 from .verifiers.base import Verifier
@@ -39,150 +40,7 @@ from .verifiers.branches import Branch, Streams, draft_agreement, reached, side_
 from .verifiers.fanout import likely_boundaries
 from .verifiers.echo import EchoUnsupported
 
-
-@dataclass
-class Output:
-    """The continuation so far, bounded by ``max_tokens`` and stop strings."""
-
-    prompt: str
-    max_tokens: int
-    stop: list[str] | None
-    stop_rule: str = "earliest-end"  # which stop wins when several complete at once (``_stopping``)
-    tokens: int = 0
-    # An upper bound on ``tokens``, above it while some count is only a lower
-    # bound (``Unit.exact``: llama.cpp leaves pieces of characters unlisted);
-    # ``settle`` makes them equal again.
-    most_tokens: int = 0
-    shown: int = 0
-    finish_reason: str | None = None
-    scanner: StopScanner = field(init=False)
-    # Where the text came in through an accepted draft: [start, end) spans,
-    # for display only (the CLI colours them); the text is the target's either way.
-    drafted: list[tuple[int, int]] = field(default_factory=list)
-    # The caller's expected text (Predicted Outputs), drafted from first.
-    prediction: str | None = None
-
-    def __post_init__(self) -> None:
-        self.scanner = StopScanner(self.stop, self.stop_rule)
-
-    def reset(self) -> None:
-        """Back to no text (what was shown stays shown: the same text comes again)."""
-        self.tokens = self.most_tokens = 0
-        self.finish_reason = None
-        self.scanner = StopScanner(self.stop, self.stop_rule)
-
-    def use_stop_rule(self, rule: str) -> None:
-        """The server's stop rule, once learned (before any text)."""
-        assert not self.text, "the stop rule is set before generating"
-        self.stop_rule = rule
-        self.scanner = StopScanner(self.stop, rule)
-
-    @property
-    def text(self) -> str:
-        return self.scanner.text
-
-    @property
-    def context(self) -> str:
-        return self.prompt + self.scanner.text
-
-    @property
-    def remaining(self) -> int:
-        return self.max_tokens - self.tokens
-
-    @property
-    def exact(self) -> bool:
-        """Is ``tokens`` the target's own count (not a lower bound)?"""
-        return self.most_tokens == self.tokens
-
-    def take(self, units: list[Unit], drafted: int = 0, *, bounded: bool = False) -> tuple[int, bool]:
-        """Append units while the budget allows; returns (units taken, whether
-        the next unit needs the server to render it: the budget ends inside
-        it, or a stop string lies inside tokens whose split is unknown).  The
-        first ``drafted`` units came in through an accepted draft.
-        ``bounded``: they come from a call the server itself holds to the
-        budget (one opened with ``remaining`` while the count was exact), so
-        a lower-bound count cannot overrun it."""
-        for k, unit in enumerate(units):
-            if self.finish_reason:
-                return k, False
-            if (self.tokens + unit.tokens if bounded else self.most_tokens + unit.most_tokens) > self.max_tokens:
-                return k, True
-            if unit.steps is None and unit.tokens > 1 and self.scanner.split_matters(unit.text):
-                return k, True
-            self.tokens += unit.tokens
-            self.most_tokens += unit.most_tokens
-            if k < drafted:
-                self._mark_drafted(len(self.text), len(self.text) + len(unit.text))
-            if self._feed(unit):
-                self.finish_reason = "stop"
-            elif self.remaining <= 0:
-                self.finish_reason = "length"
-        return len(units), False
-
-    def count(self, tokens: int) -> None:
-        """``tokens`` more, counted by the server (exact)."""
-        self.tokens += tokens
-        self.most_tokens += tokens
-
-    def recount(self, tokens: int) -> None:
-        """The exact count of the text so far."""
-        self.tokens = self.most_tokens = tokens
-
-    def _feed(self, unit: Unit) -> bool:
-        """The unit's text to the stop scanner as the server showed it, token by token."""
-        if unit.steps is None:
-            return self.scanner.feed(unit.text, unit.last_bytes)
-        sizes = unit.sizes or (None,) * len(unit.steps)
-        return any(self.scanner.feed(step, size) for step, size in zip(unit.steps, sizes))
-
-    def add_text(self, piece: str, *, trusted: bool = False, rendering: bool = False) -> None:
-        """Append text whose token count the server keeps.  ``trusted``: the
-        server applied the stop strings to it itself (a plain call with
-        ``stop``); only a stop string that began in the text before it is
-        still ours to find.  ``rendering``: the end of the call that wrote
-        the text before it, where max_tokens cut a character: the held
-        bytes rendered (U+FFFD), which no server searches for stop strings,
-        so a plain call would not find one ending there either."""
-        if self.finish_reason:
-            return
-        if rendering:
-            self.scanner.text += piece
-        elif trusted and not self.scanner.straddles(piece):
-            self.scanner.text += piece
-        elif self.scanner.feed(piece):
-            self.finish_reason = "stop"
-
-    def _mark_drafted(self, start: int, end: int) -> None:
-        if self.drafted and self.drafted[-1][1] == start:
-            start = self.drafted.pop()[0]
-        self.drafted.append((start, end))
-
-    def flush(self, final: bool = False) -> list[Piece]:
-        """New text that is safe to show (never retracted later), cut where
-        it changes between drafted and written by the target."""
-        end = self.scanner.safe_length(final or self.finish_reason is not None)
-        start, self.shown = self.shown, max(self.shown, end)
-        return pieces_between(self.text, self.drafted, start, end)
-
-
-def pieces_between(text: str, drafted: list[tuple[int, int]], start: int, end: int) -> list[Piece]:
-    """``text[start:end]`` as pieces, each one drafted or not.
-
-    >>> [(p, p.drafted) for p in pieces_between("abcdef", [(1, 3)], 0, 5)]
-    [('a', False), ('bc', True), ('de', False)]
-    """
-    pieces: list[Piece] = []
-    pos = start
-    for a, b in drafted:
-        if b <= pos or a >= end:
-            continue
-        if a > pos:
-            pieces.append(Piece(text[pos:a]))
-        pieces.append(Piece(text[max(a, pos) : min(b, end)], drafted=True))
-        pos = min(b, end)
-    if pos < end:
-        pieces.append(Piece(text[pos:end]))
-    return pieces
+__all__ = ["BranchedStream", "Output", "Recovery", "decode_plainly", "decode_plainly_from_start", "pieces_between", "speculate"]
 
 
 @dataclass
@@ -208,7 +66,7 @@ class Recovery:
 
     def survive(self, exc: TargetError, *, speculative: bool) -> None:
         """Account for ``exc``; re-raise it when it can't be survived."""
-        if not _recoverable(exc, speculative):
+        if not recoverable(exc, speculative):
             raise exc
         self.stats.failed_rounds += 1
         self.in_a_row = self.in_a_row + 1 if self.out.tokens == self.tokens_at_last else 1
@@ -219,17 +77,6 @@ class Recovery:
             self.policy.stop_speculating()
             self.stats.fallback = f"decoding plainly after {self.in_a_row} failed rounds in a row; last: {exc}"
             self.stats.note(self.stats.fallback)
-
-
-def _recoverable(exc: TargetError, speculative: bool) -> bool:
-    """Worth another round?  Transient failures always; a refusal (400, 413,
-    422...) only of a speculative call, which the draft may have caused; a
-    bad key or unknown model never."""
-    if isinstance(exc, (AuthenticationError, ModelNotFoundError)):
-        return False
-    if isinstance(exc, TargetHTTPError):
-        return speculative or is_retryable(exc)
-    return True  # a broken connection, a timeout, a garbled answer
 
 
 LONG_PROMPT_CHARS = 20_000
@@ -243,7 +90,11 @@ async def speculate(
     out: Output,
     stats: GenerationStats,
 ) -> AsyncIterator[str]:
-    """Generate ``out``'s continuation speculatively; yields text as it is accepted."""
+    """Generate ``out``'s continuation speculatively; yields text as it is
+    accepted.  Where what speculation rests on gives way (token strings
+    that don't fit the text, a tokenizer that keeps failing), the rest is
+    decoded as a plain call would (``_plain``): never an error a plain call
+    would not give."""
     if len(out.prompt) > LONG_PROMPT_CHARS:
         # Indexing costs a few microseconds a character: a long prompt is
         # indexed in a thread, so other requests' streams (and ``bspec
@@ -251,9 +102,34 @@ async def speculate(
         await asyncio.to_thread(drafter.start, out.prompt)
     else:
         drafter.start(out.prompt)
+    canon = Canon(api, out.prompt)
+    fallback = None
+    try:
+        async with aclosing(_rounds(api, drafter, policy, verifiers, out, stats, canon)) as pieces:
+            async for piece in pieces:
+                yield piece
+        if out.finish_reason == "length" and not await _count_confirmed(api, out):
+            fallback = go_plain(api, policy, out, stats, COUNT_NOTE)
+    except AlignmentError as exc:
+        fallback = decode_without_token_strings(api, policy, out, stats, canon, exc)
+    except TokenizerError as exc:
+        canon.broken = canon.failed = str(exc)
+        fallback = go_plain(api, policy, out, stats, canon.note)
+    if fallback is not None:
+        async with aclosing(fallback) as pieces:
+            async for piece in pieces:
+                yield piece
+    for piece in out.flush(final=True):
+        yield piece
+    stats.finish_reason = out.finish_reason
+
+
+async def _rounds(
+    api: TargetAPI, drafter: Drafter, policy: Policy, verifiers: Mapping[str, Verifier], out: Output, stats: GenerationStats, canon: Canon
+) -> AsyncIterator[str]:
+    """The speculative loop proper (``speculate`` handles its way out)."""
     plain_next = False
     recovery = Recovery(out, policy, stats)
-    canon = Canon(api, out.prompt)
     while out.finish_reason is None:
         if not out.exact:
             await settle(api, out, stats)
@@ -269,7 +145,7 @@ async def speculate(
         # The call sends the prompt and the text back: only while they
         # tokenize as the target wrote them (``_canon``).
         if not await canon.holds(out.text, out.tokens if out.exact else None):
-            async with aclosing(_go_plain(api, policy, out, stats, canon)) as pieces:
+            async with aclosing(go_plain(api, policy, out, stats, canon.note)) as pieces:
                 async for piece in pieces:
                     yield piece
             break
@@ -302,7 +178,7 @@ async def speculate(
         new_text, new_tokens = "".join(u.text for u in verdict.units), count_tokens(verdict.units)
         exact = out.exact and all(u.exact for u in verdict.units)
         if not await canon.holds(out.text + new_text, out.tokens + new_tokens if exact else None):
-            async with aclosing(_go_plain(api, policy, out, stats, canon)) as pieces:
+            async with aclosing(go_plain(api, policy, out, stats, canon.note)) as pieces:
                 async for piece in pieces:
                     yield piece
             break
@@ -313,7 +189,7 @@ async def speculate(
         if split and out.exact:
             # (With a lower-bound count, the next round settles it first.)
             try:
-                await _render_plainly(api, out, stats, verdict.units[taken].most_tokens)
+                await render_plainly(api, out, stats, verdict.units[taken].most_tokens)
             except TargetError as exc:
                 recovery.survive(exc, speculative=False)
         accepted = verdict.units[:taken]
@@ -339,9 +215,23 @@ async def speculate(
         plain_next = verdict.plain_next
         if not verdict.units and not verdict.eos:
             plain_next = True
-    for piece in out.flush(final=True):
-        yield piece
-    stats.finish_reason = out.finish_reason
+
+
+COUNT_NOTE = ("the text ended at max_tokens by a count of the server's token strings that its tokenizer does not confirm: "
+              "the rest is the plain call's")
+
+
+async def _count_confirmed(target, out: Output) -> bool:
+    """Is the count that ended the text at max_tokens the server's own?  It
+    came from token strings, which a server could list more of than it
+    generated (so the text would end early): where the server can tokenize,
+    its count of the text must agree (a text it would tokenize otherwise,
+    never sent back, is regenerated plainly too: exact either way)."""
+    if not out.text or out.text.endswith(OPAQUE):
+        return True  # (a character max_tokens cut, rendered: not the tokens' own text to count)
+    counter = getattr(target, "count_tokens", None)
+    counted = await counter(out.prompt, out.text) if counter is not None else None
+    return counted is None or counted == out.tokens
 
 
 def _missed(draft: str, accepted_chars: int, after: list[Unit]) -> bool:
@@ -409,7 +299,13 @@ class BranchedStream:
                     break
                 # 3. The main stream's tokens are the target's: accept whole
                 #    units, and after each one walk the chain of side branches.
-                units, promoted = self.accept(item, replayed)
+                #    (Token strings that don't fit its text end it, as a
+                #    broken stream does: what it gave is kept.)
+                try:
+                    units, promoted = self.accept(item, replayed)
+                except AlignmentError as exc:
+                    self.failed = exc
+                    break
                 for piece in out.flush():
                     yield piece
                 if out.finish_reason or self.split:
@@ -648,7 +544,7 @@ class BranchedStream:
         extra = 0
         if end is not None and end.usage.completion_tokens > len(main.live.tokens) and main.live.tokens and hasattr(api, "omits_pieces"):
             api.omits_pieces = True  # it listed fewer tokens than it generated (llama.cpp)
-        cut_tail = False
+        held_cut = False
         if not split and end is not None and out.finish_reason is None:
             extra = max(0, (end.usage.completion_tokens or len(main.live.tokens)) - main.live.used_tokens)
             # A promoted branch was given the budget left when it was opened, more
@@ -660,15 +556,15 @@ class BranchedStream:
                 # max_tokens ended inside a character: a stream drops it (vLLM,
                 # llama.cpp), a plain (non-streamed) answer may show U+FFFD
                 # (llama.cpp, older vLLM).  The reference is the plain answer.
-                split = extra if main.live.counted else await _cut_tail(api, out, extra)
-                cut_tail = bool(split)
+                split = extra if main.live.counted else await cut_tail(api, out, extra)
+                held_cut = bool(split)
         if split and not out.exact:
             await settle(api, out, stats)
             # A unit whose count was unknown may fit after all: the next round
             # takes it; only the budget's real end is the server's to render.
             split = out.remaining if out.remaining < split else 0
         if split:
-            await _render_plainly(api, out, stats, split, rendering=cut_tail)
+            await render_plainly(api, out, stats, split, rendering=held_cut)
         elif end is not None and out.finish_reason is None:
             # The stream ran to its end: the rest of its text is the server's own
             # rendering of a plain call (a cut inside a character included).
@@ -732,116 +628,3 @@ def _observe_group(policy: Policy, stats: GenerationStats, draft: str, accepted_
     stats.observe_draft(drafted_tokens=drafted, accepted_tokens=accepted, drafted_chars=len(draft), accepted_chars=accepted_chars, output_tokens=0, usage=Usage())
     stats.trace.append(["branches", len(draft), accepted, width, round(seconds, 3)])
 
-
-async def decode_plainly(api: TargetAPI, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
-    """Plain decoding: one streamed call for the whole remaining budget."""
-    started = time.perf_counter()
-    end = StreamEnd(None)
-    stream = api.stream(out.context, max_tokens=out.remaining, stop=out.stop)
-    try:
-        async for item in stream:
-            if isinstance(item, StreamEnd):
-                end = item
-                break
-            out.add_text(item.text, trusted=True)  # the server applied the stops
-            for piece in out.flush():
-                yield piece
-    finally:
-        await stream.aclose()
-    if out.finish_reason is None:
-        out.finish_reason = end.finish_reason or "length"
-    out.count(end.usage.completion_tokens)
-    stats.observe_round("plain-stream", calls=1, cancelled=0, seconds=time.perf_counter() - started)
-    stats.output_tokens += end.usage.completion_tokens
-    stats.prompt_tokens_billed += end.usage.prompt_tokens
-    stats.completion_tokens_billed += end.usage.completion_tokens
-    for piece in out.flush(final=True):
-        yield piece
-    stats.finish_reason = out.finish_reason
-
-
-async def _go_plain(api: TargetAPI, policy: Policy, out: Output, stats: GenerationStats, canon: Canon) -> AsyncIterator[str]:
-    """Text that does not tokenize as written may not be sent back: the
-    generation becomes the plain call from the prompt, for the whole budget;
-    the text it writes again (what was already accepted, its own) is not
-    shown twice."""
-    policy.stop_speculating()
-    stats.note(canon.note)
-    async with aclosing(decode_plainly_from_start(api, out, stats)) as pieces:
-        async for piece in pieces:
-            yield piece
-
-
-async def decode_plainly_from_start(api: TargetAPI, out: Output, stats: GenerationStats, attempts: int = 3) -> AsyncIterator[str]:
-    """Plain decoding from the prompt, started again where a stream breaks
-    (a broken stream cannot resume from its text: that would send it back,
-    and it may not tokenize as written).  What was shown is not shown twice."""
-    for attempt in range(attempts):
-        stats.output_tokens -= out.tokens  # counted again by the plain call
-        out.reset()
-        try:
-            async with aclosing(decode_plainly(api, out, stats)) as pieces:
-                async for piece in pieces:
-                    yield piece
-            return
-        except TargetError as exc:
-            if attempt == attempts - 1 or not _recoverable(exc, speculative=False):
-                raise
-            stats.failed_rounds += 1
-
-
-async def _cut_tail(target: Any, out: Output, extra: int) -> int:
-    """How many of a stream's last ``extra`` tokens (generated, not shown as
-    units) hold a character that max_tokens cut.  All of them, where the
-    server lists every token; where it leaves pieces out (llama.cpp), some
-    may be pieces of shown characters: its own count of the shown text
-    tells (and becomes ``out``'s count)."""
-    if not getattr(target, "omits_pieces", False):
-        return extra
-    counter = getattr(target, "count_tokens", None)
-    shown = await counter(out.prompt, out.text) if counter is not None else None
-    total = out.tokens + extra
-    if shown is None or shown >= total:
-        return 0
-    out.recount(shown)
-    return total - shown
-
-
-async def settle(target: Any, out: Output, stats: GenerationStats) -> None:
-    """Make ``out.tokens`` exact again after units whose counts were lower
-    bounds (``Unit.exact``), from the server's own tokenization of the text
-    (``count_tokens``).  Where it can't tokenize, the lower bound stands,
-    and the stats say so."""
-    counter = getattr(target, "count_tokens", None)
-    tokens = await counter(out.prompt, out.text) if counter is not None else None
-    if tokens is None or tokens < out.tokens:
-        if not any(n.startswith("token counts") for n in stats.notes):
-            stats.note("token counts around split characters are lower bounds here (the server lists only tokens that finish a "
-                       "character, and counts no text): the output may run a few tokens past max_tokens")
-        tokens = out.tokens
-    out.recount(tokens)
-    if out.remaining <= 0 and out.finish_reason is None:
-        out.finish_reason = "length"
-
-
-async def _render_plainly(api: TargetAPI, out: Output, stats: GenerationStats, tokens: int, *, rendering: bool = False) -> None:
-    """The next ``tokens`` tokens from a plain call, for text only the server
-    can render: a budget that ends inside a character it spread over several
-    tokens (it shows the cut as plain decoding does), or a stop string inside
-    tokens whose split is unknown.  The server applies the stop strings to its
-    own text, token by token; one that began in the text before it is only
-    ours to see, so that text goes through the scanner too.  ``rendering``:
-    the tokens are a stream's last ones, which showed nothing (max_tokens cut
-    a character): their text is the held bytes rendered, which no server
-    searches for stop strings (``Output.add_text``)."""
-    tokens = max(1, min(tokens, out.remaining))
-    c = await api.complete(out.context, max_tokens=tokens, stop=out.stop)
-    used = c.usage.completion_tokens or tokens
-    stats.target_calls += 1
-    stats.prompt_tokens_billed += c.usage.prompt_tokens
-    stats.completion_tokens_billed += c.usage.completion_tokens
-    stats.output_tokens += used
-    out.count(used)
-    out.add_text(c.text, trusted=True, rendering=rendering and c.finish_reason == "length")
-    if out.finish_reason is None and (c.finish_reason == "stop" or out.remaining <= 0):
-        out.finish_reason = "stop" if c.finish_reason == "stop" else "length"

@@ -24,6 +24,7 @@ from typing import Any
 from ._exceptions import TargetError, TargetHTTPError, TargetResponseError
 from ._stopping import rule_test
 from ._target import TargetAPI
+from ._tokens import AlignmentError
 
 FILLER = (
     "The quick brown fox jumps over the lazy dog while the committee reviews the quarterly report. "
@@ -90,6 +91,8 @@ async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, .
     except TargetHTTPError as exc:
         report.notes.append(f"logprobs refused: {exc}")
         await api.complete(prompt, max_tokens=2)
+    except AlignmentError as exc:
+        report.notes.append(f"logprobs came, but their token strings do not fit the text ({exc}): nothing can be speculated on them")
     report.round_trip_s = statistics.median([await _timed(api.complete(prompt, max_tokens=1)) for _ in range(repeats + 1)])
     long = statistics.median([await _timed(api.complete(prompt, max_tokens=33)) for _ in range(repeats)])
     report.decode_s_per_token = max(0.0, (long - report.round_trip_s) / 32)

@@ -942,7 +942,10 @@ def _spec_headers(result: GenerationResult) -> dict[str, str]:
     stats = result.stats
     headers = {"x-bspec": "speculative", "x-bspec-accepted-tokens": str(stats.accepted_tokens), "x-bspec-rounds": str(stats.rounds)}
     if stats.fallback:
-        headers["x-bspec"] = f'speculative; fallback="{stats.fallback}"'
+        # A header is Latin-1 on the wire, and the reason may quote the
+        # server's text (token strings, error messages): kept to printable ASCII.
+        reason = stats.fallback.encode("ascii", "backslashreplace").decode().replace('"', "'")
+        headers["x-bspec"] = f'speculative; fallback="{"".join(c if c.isprintable() else " " for c in reason)}"'
     return headers
 
 

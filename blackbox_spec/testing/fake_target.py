@@ -367,7 +367,8 @@ class FakeTarget:
     # answer kept and the rest (self-hosted servers ignore ``prediction``).
     predicted_outputs: bool = False
     # How logprobs show tokens that split characters (``forms.FORMS``:
-    # "vllm-legacy", "vllm" for vLLM 0.32, "openai", "token-id", "llama"),
+    # "vllm-legacy", "vllm" for vLLM 0.32, "vllm-0.10", "openai",
+    # "token-id", "llama"),
     # and which stop string wins when several complete at once
     # (``_stopping.RULES``).  An unfinished character at the end shows as
     # U+FFFD in "vllm-legacy" and in llama.cpp's non-streamed answers; vLLM
@@ -657,7 +658,7 @@ class FakeTarget:
         """vLLM's ``prompt_logprobs=1``: per prompt position, the prompt's own
         token and the model's top choice, keyed by token id, with rank."""
         st = self.model.state([])
-        form = "vllm-legacy" if self.token_form == "llama" else self.token_form
+        form = self.prompt_form
         raws = [self.tokenizer.token_bytes(t) for t in prompt_ids]
         entries: list[dict | None] = []
         for i, token in enumerate(prompt_ids):
@@ -717,7 +718,7 @@ class FakeTarget:
         text = answer.shown(stream=False)
         choice: dict[str, Any] = {"index": 0, "text": (prompt + text) if echo else text, "finish_reason": answer.finish, "logprobs": None}
         if logprobs is not None:
-            entries = (self._rendered(prompt_ids, self._rankings([], prompt_ids)) if echo else []) + self._rendered(out, self._rankings(prompt_ids, out))
+            entries = (self._rendered(prompt_ids, self._rankings([], prompt_ids), self.prompt_form) if echo else []) + self._rendered(out, self._rankings(prompt_ids, out))
             if self.token_form == "llama":
                 choice["logprobs"] = {"content": self._content_logprobs(entries)}
             else:
@@ -745,11 +746,18 @@ class FakeTarget:
             return "" if form == "llama" else EOS_TEXT
         return forms.candidate_string(form, raws, k, self.tokenizer.token_bytes(token), token)
 
-    def _rendered(self, ids: list[int], ranked: list[tuple | None]) -> list[tuple[int, str, float | None, dict | None]]:
+    @property
+    def prompt_form(self) -> str:
+        """How an echoed prompt's tokens show: vLLM 0.10 corrected only
+        sampled tokens' strings (its prompt logprobs decode each alone)."""
+        return "vllm-legacy" if self.token_form in ("llama", "vllm-0.10") else self.token_form
+
+    def _rendered(self, ids: list[int], ranked: list[tuple | None], form: str | None = None) -> list[tuple[int, str, float | None, dict | None]]:
         """Logprobs entries (token id, string, logprob, top dict) for ``ids``,
-        as ``token_form`` shows them.  llama.cpp lists only the tokens that
-        leave the text whole, each with the text of those it left out."""
-        tok, form = self.tokenizer, self.token_form
+        as ``form`` (``token_form`` unless given) shows them.  llama.cpp lists
+        only the tokens that leave the text whole, each with the text of
+        those it left out."""
+        tok, form = self.tokenizer, form or self.token_form
         raws = [tok.token_bytes(t) for t in ids]
         if form == "llama":
             body = len(ids) - (1 if ids and ids[-1] == tok.eos_id else 0)
@@ -770,10 +778,20 @@ class FakeTarget:
                 continue
             (t1, lp1), (t2, lp2) = ranked[last]
             own = lp1 if token == t1 else lp2 if token == t2 else lp2 - 3.0 - (token % 5) / 10.0
+            if form == "vllm-0.10" and token != tok.eos_id:
+                # The sampled token first, then the top-1: strings by id,
+                # the later entry's winning (see ``forms.vllm010_corrected``).
+                listed = [(token, raws[last])] + ([(t1, tok.token_bytes(t1))] if t1 != tok.eos_id else [])
+                strings = forms.vllm010_corrected(raws, last, listed)
+                text = strings[token]
+                top = {strings.get(t1, EOS_TEXT): lp1}
+                top[text] = own
+                entries.append((token, text, own, top))
+                continue
             # vLLM builds the dict from ids, then decodes keys: colliding
             # strings keep the later entry.  The chosen token goes in last.
-            top = {self._candidate(raws, last, t1): lp1}
-            top[self._candidate(raws, last, token)] = own
+            top = {self._candidate(raws, last, t1, form): lp1}
+            top[self._candidate(raws, last, token, form)] = own
             entries.append((token, text, own, top))
         return entries
 
@@ -821,6 +839,8 @@ class FakeTarget:
                 sent = visible
             elif len(visible) > len(sent):
                 chunks.append(self._chunk(visible[len(sent) :], None))
+                if self.token_form == "llama" and self.timings_per_token and body.get("timings_per_token"):
+                    chunks[-1]["timings"] = {"predicted_n": last + 1}
                 sent = visible
         if len(final) > len(sent):
             chunks.append(self._chunk(final[len(sent) :], None))
@@ -957,10 +977,16 @@ def main() -> None:  # pragma: no cover - exercised by the CLI subprocess tests
     parser.add_argument("--hang-s", type=float, default=5.0, help="how long a 'timeout' fault holds the request")
     parser.add_argument("--api-key", default=None, help="require this bearer key")
     parser.add_argument("--context-window", type=int, default=None, help="refuse prompt + max_tokens beyond this many tokens")
+    parser.add_argument("--byte-level", action="store_true", help="a byte-level tokenizer: tokens that split characters")
+    parser.add_argument("--token-form", choices=forms.FORMS, default="vllm-legacy",
+                        help="how logprobs show tokens that split characters (the servers' conventions, testing/forms.py)")
+    parser.add_argument("--stop-rule", choices=["first-listed", "earliest-end", "earliest-start"], default="first-listed",
+                        help="which stop string wins when several complete at once")
     args = parser.parse_args()
-    fake = FakeTarget(model_name=args.model, echo=args.echo, model=FakeModel(deviate_every=args.deviate_every), latency=args.latency_ms / 1000,
+    model = FakeModel(FakeTokenizer(byte_level=args.byte_level), deviate_every=args.deviate_every)
+    fake = FakeTarget(model_name=args.model, echo=args.echo, model=model, latency=args.latency_ms / 1000,
                       decode_s=args.decode_ms / 1000, prefill_s=args.prefill_ms / 1000, api_key=args.api_key,
-                      context_window=args.context_window)
+                      context_window=args.context_window, token_form=args.token_form, stop_rule=args.stop_rule)
     faults = None
     if args.fault_rate:
         faults = Faults(rate=args.fault_rate, seed=args.fault_seed, **({"kinds": tuple(args.fault_kinds)} if args.fault_kinds else {}))

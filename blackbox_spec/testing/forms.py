@@ -11,6 +11,15 @@ those servers' own sources (vLLM 0.32 ``v1/engine/logprobs.py`` and
   ends in U+FFFD is decoded again with up to 4 tokens before it; the pieces
   before it that also end in U+FFFD (which showed ``""``) are put on it;
   ``""`` when nothing completes it;
+* ``"vllm-0.10"``: the first ``_correct_decoded_token`` (vLLM 0.10's
+  ``v1/engine/logprobs.py``): a token whose text ends in U+FFFD is decoded
+  again with the entry before it in the same list (the sampled token, then
+  the top-k), then with the previous position's sampled token too; ``""``
+  if that still ends in U+FFFD.  The list's strings go into a dict keyed by
+  token id, so under greedy (sampled = top-1) the sampled token's string is
+  its top-1 entry's, decoded after itself: every token whose own text ends
+  in U+FFFD, the one that completes a character included, reads ``""``.
+  Its prompt logprobs are not corrected (each token decoded alone);
 * ``"openai"``: ``"bytes:\\\\xe4\\\\xb8"`` for a token that is not UTF-8 alone;
 * ``"token-id"``: vLLM's ``--return-tokens-as-token-ids``;
 * ``"llama"``: llama.cpp's server sends (and lists in logprobs) a token only
@@ -24,7 +33,7 @@ that completes it shows everything held back (:func:`visible_steps`).
 
 from __future__ import annotations
 
-FORMS = ("vllm-legacy", "vllm", "openai", "token-id", "llama")
+FORMS = ("vllm-legacy", "vllm", "vllm-0.10", "openai", "token-id", "llama")
 OPAQUE = "\ufffd"
 
 
@@ -69,10 +78,40 @@ def vllm_corrected(raws: list[bytes], k: int) -> str:
     return ""
 
 
+def vllm010_corrected(raws: list[bytes], k: int, entries: list[tuple[int, bytes]]) -> dict[int, str]:
+    """Position ``k``'s strings in vLLM 0.10's logprobs, by token id:
+    ``entries`` is its list as the sampler gives it, (id, bytes) of the
+    sampled token first, then the top-k by rank; ``raws[:k]`` the tokens
+    sampled before it in this answer.  A later entry of the same id
+    overwrites an earlier one's string (the dict is keyed by id)."""
+    strings: dict[int, str] = {}
+    for idx, (token_id, raw) in enumerate(entries):
+        text = lossy(raw)
+        if text.endswith(OPAQUE):
+            text = _vllm010_correct(raws[:k], entries[idx - 1][1] if idx else None, raw)
+        strings[token_id] = text
+    return strings
+
+
+def _vllm010_correct(before: list[bytes], previous_entry: bytes | None, raw: bytes) -> str:
+    if previous_entry is not None:
+        text = lossy(previous_entry + raw)
+        if not text.endswith(OPAQUE):
+            return text
+    if before:  # the previous position's sampled token
+        text = lossy(before[-1] + (previous_entry or b"") + raw)
+        if not text.endswith(OPAQUE):
+            return text
+    return ""
+
+
 def token_string(form: str, raws: list[bytes], k: int, token_id: int) -> str:
     """Token ``k``'s string in ``form`` (not "llama": see :func:`llama_entries`)."""
     if form == "vllm":
         return vllm_corrected(raws, k)
+    if form == "vllm-0.10":
+        # Greedy: the sampled token is the top-1 too, whose entry wins.
+        return vllm010_corrected(raws, k, [(token_id, raws[k])] * 2)[token_id]
     if form == "openai":
         text = lossy(raws[k])
         return text if OPAQUE not in text else "bytes:" + "".join(f"\\x{b:02x}" for b in raws[k])

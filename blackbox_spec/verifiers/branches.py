@@ -41,10 +41,22 @@ class LiveText:
     that leaves the text whole, with the text of the pieces before it; asked
     for its timings per token it also says how many tokens it has generated
     (``StreamPiece.generated``), which gives each listed string its count.
+
+    The chunks say where tokens end too: servers show a token's text once
+    its characters are whole (vLLM's incremental detokenizer, llama.cpp),
+    so the text a chunk leaves shown ends where one of its tokens ends (no
+    stop strings are sent on these streams, which would hold text back).
+    Those ends are handed to the aligner (``align_tokens(ends=...)``): they
+    settle what token strings alone leave open (``"\ufffd"`` pieces of an
+    emoji), and strings that contradict them are not trusted.
     """
 
     def __init__(self) -> None:
         self.text = ""
+        self.text_bytes = 0
+        self.used_bytes = 0
+        # (tokens listed, bytes of text shown, the chunk held one token), per chunk that showed text.
+        self.marks: list[tuple[int, int, bool]] = []
         self.tokens: list[str] = []
         self.own_bytes: list[int | None] = []  # per listed token, where the server says (``_target.own_bytes``)
         self.counts: list[int] | None = []  # target tokens per listed one, while the server says
@@ -64,11 +76,14 @@ class LiveText:
     def feed(self, piece: StreamPiece) -> list[Unit]:
         """Units completed by ``piece`` (not yet consumed)."""
         self.text += piece.text
+        self.text_bytes += len(piece.text.encode("utf-8", "surrogatepass"))
         if piece.tokens is None:
             self.opaque_tail = True
         if self.opaque_tail:
             return []
         self.tokens += piece.tokens
+        if piece.text and piece.tokens and not piece.final:
+            self.marks.append((len(self.tokens), self.text_bytes, len(piece.tokens) == 1))
         self.own_bytes += piece.own_bytes or [None] * len(piece.tokens)
         if piece.generated is not None and self.counts is not None and piece.tokens:
             new = piece.generated - self.generated
@@ -76,7 +91,8 @@ class LiveText:
             self.generated = piece.generated
         elif piece.tokens:
             self.counts = None
-        units = align_tokens(self.text[self.used_chars :], self.tokens[self.used_listed :], partial=True)
+        ends = {k - self.used_listed: (b - self.used_bytes, alone) for k, b, alone in self.marks if k > self.used_listed}
+        units = align_tokens(self.text[self.used_chars :], self.tokens[self.used_listed :], partial=True, ends=ends)
         if not self.counted:
             return units
         counted, k = [], self.used_listed
@@ -89,8 +105,11 @@ class LiveText:
     def consume(self, units: list[Unit]) -> str:
         text = "".join(u.text for u in units)
         self.used_chars += len(text)
+        self.used_bytes += len(text.encode("utf-8", "surrogatepass"))
         self.used_listed += sum(u.listed if u.listed is not None else u.tokens for u in units)
         self.used_tokens += count_tokens(units)
+        while self.marks and self.marks[0][0] <= self.used_listed:
+            self.marks.pop(0)
         return text
 
     @property

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from .._exceptions import TargetResponseError
+from .._resume_align import Aligned
 from .._target import TargetAPI
 from .._tokens import Unit, is_opaque, looks_special
 from .base import Plan, Verdict, complete_units
@@ -27,12 +28,17 @@ class EchoVerifier:
 
     def __init__(self, api: TargetAPI) -> None:
         self.api = api
+        # The last round's prompt alignment: each round's context begins with
+        # the last one's, so only what is new is aligned (``_resume_align``).
+        self.aligned: Aligned | None = None
 
     async def verify(self, context: str, draft: str, plan: Plan) -> Verdict:
         started = time.perf_counter()
-        c = await self.api.complete(context + draft, max_tokens=max(1, plan.extra_tokens), logprobs=1, echo=True)
+        c = await self.api.complete(context + draft, max_tokens=max(1, plan.extra_tokens), logprobs=1, echo=True,
+                                    earlier=self.aligned, stable=len(context))
         if not c.echoed or c.prompt_units is None or c.units is None:
             raise EchoUnsupported("the server did not echo the prompt with logprobs")
+        self.aligned = c.prompt_aligned
         verdict = Verdict([], calls=1, usage=c.usage)
         cut = len(context)
         draft_start = next((k for k, u in enumerate(c.prompt_units) if u.start >= cut), len(c.prompt_units))

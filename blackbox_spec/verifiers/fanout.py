@@ -26,7 +26,7 @@ import time
 from .._exceptions import TargetResponseError
 from .._cancel import cancel_once
 from .._target import Completion, TargetAPI
-from .._tokens import Unit
+from .._tokens import AlignmentError, Unit
 from .base import Plan, Verdict, add_usage, complete_units
 
 
@@ -114,8 +114,10 @@ class FanoutVerifier:
                     if task.exception() is not None:
                         # A failed request (after its retries) only ends the
                         # chain before it: the requests before it still stand
-                        # on the target's path.  Without request 0 nothing does.
-                        if i == 0:
+                        # on the target's path.  Without request 0 nothing does;
+                        # token strings that don't fit their text are not
+                        # trusted in any request (the generation stops reading them).
+                        if i == 0 or isinstance(task.exception(), AlignmentError):
                             raise task.exception()  # type: ignore[misc]
                         broken = min(broken, i - 1)
                         continue
