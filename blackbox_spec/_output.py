@@ -36,6 +36,9 @@ class Output:
     drafted: list[tuple[int, int]] = field(default_factory=list)
     # The caller's expected text (Predicted Outputs), drafted from first.
     prediction: str | None = None
+    # ``tokens`` as the server itself counted them (a plain stream from the
+    # prompt that ran to its end, usage included); None: counted by us.
+    server_counted: int | None = None
 
     def __post_init__(self) -> None:
         self.scanner = StopScanner(self.stop, self.stop_rule)
@@ -44,6 +47,7 @@ class Output:
         """Back to no text (what was shown stays shown: the same text comes again)."""
         self.tokens = self.most_tokens = 0
         self.finish_reason = None
+        self.server_counted = None
         self.scanner = StopScanner(self.stop, self.stop_rule)
 
     def use_stop_rule(self, rule: str) -> None:

@@ -229,6 +229,8 @@ async def _count_confirmed(target, out: Output) -> bool:
     never sent back, is regenerated plainly too: exact either way)."""
     if not out.text or out.text.endswith(OPAQUE):
         return True  # (a character max_tokens cut, rendered: not the tokens' own text to count)
+    if out.server_counted == out.tokens:
+        return True  # (the server's usage, not its token strings: a text need not tokenize as generated)
     counter = getattr(target, "count_tokens", None)
     counted = await counter(out.prompt, out.text) if counter is not None else None
     return counted is None or counted == out.tokens
@@ -309,6 +311,8 @@ class BranchedStream:
                 for piece in out.flush():
                     yield piece
                 if out.finish_reason or self.split:
+                    if out.finish_reason == "length" and self.main is self.first and self.main.at == 0:
+                        self.end = await self.read_end()
                     break
                 # 4. A branch the main stream reached becomes the main stream.
                 if promoted is not None and await self.jump(promoted):
@@ -441,6 +445,24 @@ class BranchedStream:
                 if promoted is not None:
                     break
         return units, promoted
+
+    async def read_end(self, wait_s: float = 1.0) -> StreamEnd | None:
+        """The end of a stream from the prompt that reached max_tokens: its
+        usage is the server's own count of the text, which need not tokenize
+        as it was generated (``_count_confirmed``).  It follows the last token
+        at once; None if it does not come within ``wait_s``."""
+        try:
+            async with asyncio.timeout(wait_s):
+                while True:
+                    branch, item = await self.streams.next()
+                    if branch is not self.main:
+                        continue
+                    if isinstance(item, StreamPiece) and (item.text or item.tokens):
+                        return None  # more text after our count's end: the count was not the server's
+                    if isinstance(item, (StreamEnd, BaseException)):
+                        return item if isinstance(item, StreamEnd) else None
+        except TimeoutError:
+            return None
 
     async def jump(self, promoted: Branch) -> bool:
         """Make ``promoted`` the main stream, if the text it was sent
@@ -581,6 +603,8 @@ class BranchedStream:
                 out.finish_reason = end.finish_reason or "length"
             for piece in out.flush():
                 yield piece
+        if end is not None and main is self.first and main.at == 0 and end.usage.completion_tokens == out.tokens:
+            out.server_counted = out.tokens  # one stream from the prompt to its end: the count is the server's
         seconds = time.perf_counter() - self.started
         self.policy.costs.drafting.observe_elapsed(seconds)
         stats.observe_round("plain", calls=self.streams.opened, cancelled=self.streams.closed, seconds=seconds)

@@ -316,3 +316,41 @@ def test_a_fallback_reason_with_any_text_makes_a_latin1_header():
     value = _spec_headers(GenerationResult("", stats))["x-bspec"]
     value.encode("latin-1")
     assert value.isprintable() and value.count('"') == 2
+
+
+def test_a_length_end_counted_by_the_server_needs_no_tokenizer_to_agree():
+    """A text need not tokenize as it was generated (vLLM: 96 emoji-list
+    tokens re-tokenize as 94).  Where one stream from the prompt ran to its
+    length end, the server's usage is the count: no plain call again."""
+    fake = target("vllm", "earliest-end")
+    fake.echo = "refuse"
+    prompt = "Write freely about integers. "
+    calls = []
+
+    async def tokenize(request: httpx.Request) -> httpx.Response:
+        response = await fake.handle_async(request)
+        body = json.loads(request.content)
+        if body.get("prompt", "") != prompt:  # prompt + text: two tokens fewer than generated
+            data = json.loads(response.content)
+            data["tokens"], data["count"] = data["tokens"][:-2], len(data["tokens"]) - 2
+            return httpx.Response(200, json=data)
+        return response
+
+    async def completions(request: httpx.Request) -> httpx.Response:
+        calls.append(json.loads(request.content))
+        return await fake.handle_async(request)
+
+    async def run():
+        with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+            router.post("/completions").mock(side_effect=completions)
+            router.post(ROOT + "/tokenize").mock(side_effect=tokenize)
+            router.post(ROOT + "/detokenize").mock(side_effect=fake.handle_async)
+            async with SpecClient(BASE_URL, API_KEY, "fake-model", strategy="auto", drafter="ngram", profile="off") as c:
+                await c.probe()
+                calls.clear()
+                return await c.generate(prompt, max_tokens=30)
+
+    result = asyncio.run(run())
+    assert (result.text, result.finish_reason) == fake.generate(prompt, 30)[:2] and result.finish_reason == "length"
+    assert not any("does not confirm" in n for n in result.stats.notes)
+    assert len([c for c in calls if c["prompt"] == prompt]) == 1  # the stream only; no plain call from the prompt
