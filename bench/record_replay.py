@@ -2,6 +2,9 @@
 
     # live, from a vLLM server (its own token ids, so its own segmentation):
     python bench/record_replay.py --base-url http://127.0.0.1:8123/v1 --name qwen2.5-coder-0.5b
+    # the real edits (``blackbox_spec.bench.real_edits``), from the 1.5B:
+    bspec server start vllm --model qwen2.5-coder-1.5b --dtype float32 --port 8123 &
+    python bench/record_replay.py --base-url http://127.0.0.1:8123/v1 --name qwen2.5-coder-1.5b --set real
     # or from plain texts a bench already recorded, split by the model's tokenizer:
     python bench/record_replay.py --from-texts bench/results/plain-texts-0.5b-fp32.json --name qwen2.5-coder-0.5b
 
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from blackbox_spec.bench.real_edits import REAL_PROMPTS
 from blackbox_spec.bench.workloads import PROMPTS
 from blackbox_spec.servers.vllm import ensure_hf_folder
 
@@ -52,10 +56,10 @@ class Vocabulary:
         return [self.bytes_of(i) for i in self.tokenizer.encode(text, add_special_tokens=False).ids]
 
 
-def from_texts(path: Path, vocab: Vocabulary) -> list[dict]:
+def from_texts(path: Path, vocab: Vocabulary, prompts) -> list[dict]:
     texts = json.loads(path.read_text())
     out = []
-    for prompt in PROMPTS:
+    for prompt in prompts:
         if prompt.name not in texts:
             continue
         tokens = vocab.split(texts[prompt.name])
@@ -65,11 +69,11 @@ def from_texts(path: Path, vocab: Vocabulary) -> list[dict]:
     return out
 
 
-def live(base_url: str, model: str | None, vocab: Vocabulary) -> list[dict]:
+def live(base_url: str, model: str | None, vocab: Vocabulary, prompts) -> list[dict]:
     out = []
     with httpx.Client(base_url=base_url, timeout=1200) as http:
         model = model or http.get("/models").json()["data"][0]["id"]
-        for prompt in PROMPTS:
+        for prompt in prompts:
             body = {"model": model, "prompt": prompt.text, "max_tokens": prompt.max_tokens, "temperature": 0,
                     "logprobs": 0, "return_tokens_as_token_ids": True}
             answer = http.post("/completions", json=body).json()["choices"][0]
@@ -79,7 +83,7 @@ def live(base_url: str, model: str | None, vocab: Vocabulary) -> list[dict]:
             if finish == "stop" and vocab.tokenizer.id_to_token(ids[-1]).startswith("<|"):
                 tokens = tokens[:-1]  # the end-of-text token itself
             out.append(record(prompt.name, prompt.text, tokens, finish))
-            print(f"{prompt.name}: {len(tokens)} tokens, {finish}", file=sys.stderr)
+            print(f"{prompt.name}: {len(tokens)} tokens, {finish}", file=sys.stderr, flush=True)
     return out
 
 
@@ -95,9 +99,12 @@ def main() -> None:
     source.add_argument("--base-url")
     source.add_argument("--from-texts", type=Path)
     parser.add_argument("--source", default="", help="where the answers came from, for the file's header")
+    parser.add_argument("--set", choices=["classic", "real"], default="classic",
+                        help="which prompts: the 0.5B set's (workloads.PROMPTS) or the real edits (real_edits.REAL_PROMPTS)")
     args = parser.parse_args()
     vocab = Vocabulary(args.name)
-    recordings = live(args.base_url, args.model, vocab) if args.base_url else from_texts(args.from_texts, vocab)
+    prompts = REAL_PROMPTS if args.set == "real" else PROMPTS
+    recordings = live(args.base_url, args.model, vocab, prompts) if args.base_url else from_texts(args.from_texts, vocab, prompts)
     OUT.mkdir(parents=True, exist_ok=True)
     target = OUT / f"replay-{args.name}.json"
     header = args.source or (f"live from {args.base_url}" if args.base_url else f"texts in {args.from_texts}, split by the model's tokenizer")

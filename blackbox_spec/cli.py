@@ -135,7 +135,7 @@ into --out.
 
 
 def _add_bench_parser(commands) -> None:
-    from .bench.workloads import PROMPTS, WORKLOADS
+    from .bench.workloads import REAL_WORKLOADS, WORKLOADS, all_prompts
     from .servers.models import MODELS
     from .testing.sim import PRESETS as SIM_PRESETS
 
@@ -154,8 +154,10 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--server-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="vLLM weights' type for --server; " + DTYPE_HELP)
     bench.add_argument("--api-key", help="API key (default: $OPENAI_API_KEY); never printed")
     bench.add_argument("--model", help="model name on --base-url (default: the first one listed)")
-    bench.add_argument("--workload", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS), help="workloads to run (default: all)")
-    bench.add_argument("--prompt", nargs="+", choices=[p.name for p in PROMPTS], metavar="NAME", help="only these prompts (names from the workloads)")
+    bench.add_argument("--workload", nargs="+", choices=list(WORKLOADS), help="workloads to run (default with --sim: "
+                       f"{' and '.join(REAL_WORKLOADS)}, the real 1.5B edits; otherwise the 0.5B set's: "
+                       f"{', '.join(w for w in WORKLOADS if w not in REAL_WORKLOADS)})")
+    bench.add_argument("--prompt", nargs="+", choices=[p.name for p in all_prompts()], metavar="NAME", help="only these prompts (names from the workloads)")
     bench.add_argument("--drafter", nargs="+", choices=list(DRAFTERS), default=["ngram"], help="drafters to compare (default: ngram); llama and hf need --draft-model")
     bench.add_argument("--draft-model", metavar="PATH", help="the draft model for --drafter llama (a .gguf file) or hf (a transformers folder)")
     bench.add_argument("--draft-device", default="cpu", metavar="DEV", help="torch device for --drafter hf: cpu or cuda (default: cpu)")
@@ -807,7 +809,7 @@ def _server(args: argparse.Namespace) -> int:
 async def _bench(args: argparse.Namespace) -> int:
     from .bench.report import print_report, write_json, write_plots
     from .bench.runner import Config, run_bench
-    from .bench.workloads import prompts
+    from .bench.workloads import REAL_WORKLOADS, WORKLOADS, prompts
 
     if args.compare:
         from .bench.report import compare_reports, load_report
@@ -815,21 +817,25 @@ async def _bench(args: argparse.Namespace) -> int:
         before, after = (Path(p) for p in args.compare)
         compare_reports(load_report(before), load_report(after), names=(str(before), str(after)))
         return 0
-    chosen = prompts(args.workload, args.prompt)
+    workloads = args.workload or (REAL_WORKLOADS if args.sim else [w for w in WORKLOADS if w not in REAL_WORKLOADS])
+    chosen = prompts(workloads if not args.prompt or args.workload else WORKLOADS, args.prompt)
     if not chosen:
         raise PromptError("no prompt matches the chosen --workload and --prompt")
     configs = [Config(d, s) for d in args.drafter for s in args.strategy]
     out = Path(args.out)
     server = None
     base_url, model, info, transport, sim = args.base_url, args.model, {}, None, None
+    oracle = received = None
     if args.sim:
         from dataclasses import asdict
 
+        from .bench.oracle import sim_oracle
         from .testing.sim import SimulatedTarget
 
         sim = SimulatedTarget.preset(args.sim, replay=True, model_name="sim")
         base_url, model, transport = f"http://sim-{args.sim}/v1", "sim", sim.transport()
         info = {"name": f"sim-{args.sim}", "model": "replay of " + sim.model.name, "costs": asdict(sim.costs)}
+        oracle, received = sim_oracle(sim), sim.prompt_tokens_received
     if args.server:
         server = _start(args.server, args.server_model, dtype=args.server_dtype)
         base_url, model = server.base_url, server.model
@@ -841,7 +847,7 @@ async def _bench(args: argparse.Namespace) -> int:
             draft_model=args.draft_model, draft_device=args.draft_device,
             progress=None if args.quiet else _log, server=info or None,
             transport=transport, fresh_client=args.fresh_client or bool(args.sim), profile=args.profile,
-            chat=args.chat or (sim is not None and not sim.completions),
+            chat=args.chat or (sim is not None and not sim.completions), oracle=oracle, prompt_tokens_received=received,
         )
     finally:
         if server is not None:

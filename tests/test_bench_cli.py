@@ -232,3 +232,21 @@ def test_bench_chat_refuses_raw_text_prompts_with_one_line(url):
     raw = Prompt("raw", "free-form", "Once upon a time", 20)
     with pytest.raises(PromptError, match="raw text: raw"):
         asyncio.run(run_bench(base_url=url, model="fake-model", api_key=None, prompts=[raw], configs=[Config("ngram", "auto")], chat=True))
+
+
+def test_bench_on_a_simulated_server_puts_the_copy_oracle_beside_each_figure(tmp_path):
+    """A real edit on ``--sim gpu``: the row carries the oracle's speedup on
+    the same answer, bspec's share of it, tokens per round and the prompt
+    tokens the server received (every request's, plain's one)."""
+    out = tmp_path / "results"
+    run = bspec("bench", "--sim", "gpu", "--prompt", "r-ci-yaml", "--repeats", "1", "--max-tokens", "60", "--no-plots", "--out", str(out))
+    assert run.returncode == 0, run.stderr.decode()
+    assert "oracle" in run.stdout.decode()
+    report = json.loads((out / "bench.json").read_text())
+    (row,) = report["rows"]
+    assert row["identical"] and row["tokens"] == 60 and row["workload"] == "real-edit"
+    assert row["oracle_speedup"] > 1.5 and row["share_of_oracle"] == pytest.approx(row["speedup"] / row["oracle_speedup"], rel=0.01)
+    assert 1 <= row["tokens_per_round"] <= 60
+    assert row["prompt_tokens_sent"] > row["prompt_tokens_sent_plain"] > 300  # the prompt is ~340 tokens
+    (total,) = [t for t in report["totals"] if t["workload"] == "all"]
+    assert total["oracle_total_speedup"] == pytest.approx(row["oracle_speedup"], rel=0.01)

@@ -12,10 +12,11 @@ import pytest
 
 from blackbox_spec import SpecClient
 from blackbox_spec._exceptions import TargetHTTPError
-from blackbox_spec.bench.workloads import PROMPTS as BENCH_PROMPTS
+from blackbox_spec.bench.workloads import all_prompts
 from blackbox_spec.testing.sim import OFF_PATH, PRESETS, Recording, Replay, SimulatedTarget, _PrefixCache, load_recordings
 
 RECORDINGS = {r.name: r for r in load_recordings()}
+BENCH_PROMPTS = all_prompts()  # the 0.5B set's and the real edits'
 
 
 def bench_prompt(name: str):

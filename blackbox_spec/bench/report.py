@@ -17,23 +17,46 @@ def print_report(report: Report, console: Console | None = None) -> None:
     # Piped to a file or a CI log: wide enough that no column is cut.
     console = console or Console(width=None if sys.stdout.isatty() else 220)
     table = Table(title=f"bspec bench: {report.server.get('name', '')} {report.server.get('model', '')} (medians of {report.repeats})")
-    for column in ("prompt", "workload", "config", "speedup", "plain s", "spec s", "tokens", "tok/s plain→spec", "accept", "tok/round", "calls/tok", "billed prompt", "billed compl.", "same"):
+    columns = ("prompt", "workload", "config", "speedup", "oracle", "share", "plain s", "spec s", "tokens", "tok/round (oracle)",
+               "accept", "calls/tok", "prompt tokens sent", "billed compl.", "same")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("prompt", "workload", "config") else "right")
     for r in report.rows():
         table.add_row(
-            r["prompt"], r["workload"], r["config"], f"{r['speedup']:.2f}x", f"{r['plain_s']:.2f}", f"{r['spec_s']:.2f}",
-            str(r["tokens"]), f"{r['plain_tok_s']:.1f}→{r['spec_tok_s']:.1f}", f"{r['acceptance']:.0%}",
-            f"{r['accepted_per_round']:.1f}", f"{r['calls_per_token']:.2f}",
-            f"{r['billed_prompt']} vs {r['billed_prompt_plain']}", f"{r['billed_completion']} vs {r['billed_completion_plain']}",
+            r["prompt"], r["workload"], r["config"], f"{r['speedup']:.2f}x", _x(r.get("oracle_speedup")), _pct(r.get("share_of_oracle")),
+            f"{r['plain_s']:.2f}", f"{r['spec_s']:.2f}", str(r["tokens"]),
+            f"{r['tokens_per_round']:.1f} ({_num(r.get('oracle_tokens_per_round'))})", f"{r['acceptance']:.0%}", f"{r['calls_per_token']:.2f}",
+            _sent(r), f"{r['billed_completion']} vs {r['billed_completion_plain']}",
             "yes" if r["identical"] else ("near-tie" if not any("MISMATCH" in d for d in r["divergences"]) else "NO"),
         )
     console.print(table)
-    totals = Table(title="per workload: median speedup over prompts (total = sum plain / sum spec)")
-    for column in ("workload", "config", "prompts", "median speedup", "total speedup", "acceptance", "identical"):
+    totals = Table(title="per workload: median speedup over prompts; total = sum plain / sum spec; the copy-oracle's total beside it")
+    for column in ("workload", "config", "prompts", "median speedup", "total speedup", "oracle total", "least share", "prompt sent vs plain", "acceptance", "identical"):
         totals.add_column(column)
     for t in report.totals().values():
-        totals.add_row(t["workload"], t["config"], str(t["prompts"]), f"{t['median_speedup']:.2f}x", f"{t['total_speedup']:.2f}x", f"{t['acceptance']:.0%}", _same(t))
+        totals.add_row(t["workload"], t["config"], str(t["prompts"]), f"{t['median_speedup']:.2f}x", f"{t['total_speedup']:.2f}x",
+                       _x(t.get("oracle_total_speedup")), _pct(t.get("min_share_of_oracle")), _x(t.get("prompt_tokens_sent_ratio")),
+                       f"{t['acceptance']:.0%}", _same(t))
     console.print(totals)
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _sent(row: dict) -> str:
+    """What the server received (where it can say), else what it billed."""
+    if row.get("prompt_tokens_sent") is not None:
+        return f"{row['prompt_tokens_sent']} vs {row['prompt_tokens_sent_plain']}"
+    return f"billed {row['billed_prompt']} vs {row['billed_prompt_plain']}"
 
 
 def _same(total: dict) -> str:

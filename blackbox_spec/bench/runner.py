@@ -40,6 +40,14 @@ class Run:
     wall_s: float
     tokens: int
     stats: dict
+    # Prompt tokens the server received for this run, every request counted
+    # (cancelled ones too), where the server can say (a simulated one).
+    prompt_tokens_sent: int | None = None
+
+
+# The copy-oracle of a prompt, given plain's text (``oracle``): a dict of
+# ``OracleFigure.to_dict()``, or None where its tokens are not known.
+OracleFn = Callable[[Prompt, str], "dict | None"]
 
 
 @dataclass
@@ -53,6 +61,7 @@ class Cell:
     divergences: list[str] = field(default_factory=list)
     mismatches: int = 0  # divergences that were not near-ties
     text: str = ""  # the first run's output (plain cells: the reference for replays)
+    oracle: dict | None = None  # plain cells: the copy-oracle on this answer
 
     @property
     def median_wall_s(self) -> float:
@@ -82,9 +91,21 @@ class Report:
             if cell.config == "plain":
                 continue
             plain = self.cell(cell.prompt, "plain")
+            speedup = plain.median_wall_s / cell.median_wall_s
+            oracle = plain.oracle["speedup"] if plain.oracle else None
+            rounds = statistics.median(float(r.stats.get("rounds") or 0) + float(r.stats.get("jumps") or 0) for r in cell.runs)
             rows.append({
                 "prompt": cell.prompt, "workload": cell.workload, "config": cell.config,
-                "speedup": round(plain.median_wall_s / cell.median_wall_s, 3),
+                "speedup": round(speedup, 3),
+                # The copy-oracle under the same costs, and bspec's share of
+                # it (speedup over the oracle's speedup).
+                "oracle_speedup": oracle,
+                "share_of_oracle": round(speedup / oracle, 3) if oracle else None,
+                "oracle_tokens_per_round": plain.oracle["tokens_per_round"] if plain.oracle else None,
+                # Side-branch jumps count as rounds: a stream that jumped 30
+                # times verified in 31 rounds, not one.
+                "tokens_per_round": round(cell.median("output_tokens") / max(1.0, rounds), 2),
+                "prompt_tokens_sent": _median_sent(cell), "prompt_tokens_sent_plain": _median_sent(plain),
                 "plain_s": round(plain.median_wall_s, 3), "spec_s": round(cell.median_wall_s, 3),
                 "tokens": int(cell.median("output_tokens")),
                 "plain_tok_s": round(plain.median("tokens_per_second"), 2),
@@ -113,6 +134,10 @@ class Report:
                 "workload": workload, "config": config, "prompts": len(rows),
                 "median_speedup": round(statistics.median(r["speedup"] for r in rows), 3),
                 "total_speedup": round(sum(r["plain_s"] for r in rows) / sum(r["spec_s"] for r in rows), 3),
+                # The oracle's total: plain's time over the time at its speedup.
+                "oracle_total_speedup": _oracle_total(rows),
+                "min_share_of_oracle": min((r["share_of_oracle"] for r in rows if r["share_of_oracle"]), default=None),
+                "prompt_tokens_sent_ratio": _sent_ratio(rows),
                 "acceptance": round(statistics.median(r["acceptance"] for r in rows), 3),
                 "identical": all(r["identical"] for r in rows),
                 # Every divergence at a near-tie (top-2 gap < 1e-3): no mismatch.
@@ -129,6 +154,23 @@ class Report:
             "rows": self.rows(), "totals": list(self.totals().values()),
             "cells": [asdict(c) for c in self.cells],
         }
+
+
+def _median_sent(cell: Cell) -> int | None:
+    sent = [r.prompt_tokens_sent for r in cell.runs if r.prompt_tokens_sent is not None]
+    return int(statistics.median(sent)) if sent else None
+
+
+def _oracle_total(rows: list[dict]) -> float | None:
+    if not rows or any(not r["oracle_speedup"] for r in rows):
+        return None
+    return round(sum(r["plain_s"] for r in rows) / sum(r["plain_s"] / r["oracle_speedup"] for r in rows), 3)
+
+
+def _sent_ratio(rows: list[dict]) -> float | None:
+    if not rows or any(r["prompt_tokens_sent"] is None or not r["prompt_tokens_sent_plain"] for r in rows):
+        return None
+    return round(sum(r["prompt_tokens_sent"] for r in rows) / sum(r["prompt_tokens_sent_plain"] for r in rows), 2)
 
 
 async def run_bench(
@@ -149,12 +191,18 @@ async def run_bench(
     fresh_client: bool = False,
     profile: str = "auto",
     chat: bool = False,
+    oracle: OracleFn | None = None,
+    prompt_tokens_received: Callable[[], int] | None = None,
 ) -> Report:
     """``fresh_client``: every speculative run gets a new client, which knows
     nothing of the server but what it can load (as a new ``bspec run``
     process); otherwise one client per configuration serves every run.
     ``chat``: every prompt goes as chat messages to ``/chat/completions``
-    (a hosted API that serves chat only), plain and speculative alike."""
+    (a hosted API that serves chat only), plain and speculative alike.
+    ``oracle``: the copy-oracle of a prompt given plain's text (per prompt,
+    beside every figure); ``prompt_tokens_received``: the server's running
+    count of prompt tokens received (a simulated server's), so each run
+    shows what it sent."""
     if chat:
         raw = [p.name for p in prompts if p.messages is None]
         prompts = [p for p in prompts if p.messages is not None]
@@ -210,6 +258,7 @@ async def run_bench(
                         await client.load_drafter()  # a draft model's load is not timed either way
                     if label != "plain":
                         client.session_index = memories.setdefault((f"{label}/{prompt.session or prompt.name}", repeat), SessionIndex())
+                    sent_before = prompt_tokens_received() if prompt_tokens_received else None
                     started = time.perf_counter()
                     if chat:
                         result: GenerationResult = await client.chat(prompt.messages, max_tokens=budget)  # type: ignore[arg-type]
@@ -219,7 +268,10 @@ async def run_bench(
                     texts[label] = result.text
                     if not cells[label].text:
                         cells[label].text = result.text
-                    cells[label].runs.append(Run(wall, result.stats.output_tokens, result.stats.to_dict()))
+                    sent = None if sent_before is None else prompt_tokens_received() - sent_before  # type: ignore[misc]
+                    cells[label].runs.append(Run(wall, result.stats.output_tokens, result.stats.to_dict(), sent))
+                    if label == "plain" and oracle is not None and cells["plain"].oracle is None:
+                        cells["plain"].oracle = oracle(prompt, result.text)
                     done += 1
                     if progress:
                         progress(

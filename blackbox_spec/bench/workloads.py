@@ -1,6 +1,9 @@
 """The prompts ``bspec bench`` and the real-server tests run.
 
-Four workloads, from where drafts hit most to where they rarely do:
+Five workloads of the 0.5B replay set (the copy-only extreme: its answers
+return the input almost verbatim), from where drafts hit most to where they
+rarely do, and the real edits of ``real_edits`` (``real-edit``,
+``real-free-form``):
 
 - ``code-edit``: return a given file with a small change (type hints,
   docstrings, a rename) - most of the answer is already in the prompt;
@@ -22,7 +25,9 @@ import json
 import re
 from dataclasses import dataclass
 
-WORKLOADS = ("code-edit", "rewrite", "json", "free-form", "agent")
+WORKLOADS = ("code-edit", "rewrite", "json", "free-form", "agent", "real-edit", "real-free-form")
+# The 1.5B set (``real_edits``): what ``bspec bench --sim`` runs unless told.
+REAL_WORKLOADS = ("real-edit", "real-free-form")
 
 
 @dataclass(frozen=True)
@@ -285,6 +290,13 @@ PROMPTS: tuple[Prompt, ...] = (
 )
 
 
+def all_prompts() -> tuple[Prompt, ...]:
+    """The 0.5B set's prompts, then the real edits' (``real_edits``)."""
+    from .real_edits import REAL_PROMPTS
+
+    return PROMPTS + REAL_PROMPTS
+
+
 def prompts(workloads: tuple[str, ...] | list[str] = WORKLOADS, names: list[str] | None = None) -> list[Prompt]:
-    chosen = [p for p in PROMPTS if p.workload in workloads and (not names or p.name in names)]
+    chosen = [p for p in all_prompts() if p.workload in workloads and (not names or p.name in names)]
     return chosen

@@ -90,12 +90,20 @@ class Recording:
     finish: str
 
 
-def load_recordings(name: str = "qwen2.5-coder-0.5b") -> list[Recording]:
+# The shipped sets: the real 1.5B edits and the 0.5B set (the copy-only extreme).
+REPLAY_SETS = "qwen2.5-coder-1.5b+qwen2.5-coder-0.5b"
+
+
+def load_recordings(name: str = REPLAY_SETS) -> list[Recording]:
     """Recordings shipped in ``blackbox_spec/testing/data/replay-NAME.json``
-    (token bytes as latin-1 strings, so ASCII stays readable)."""
-    raw = resources.files(__package__).joinpath(f"data/replay-{name}.json").read_text(encoding="utf-8")
-    data = json.loads(raw)
-    return [Recording(r["name"], r["prompt"], [t.encode("latin-1") for t in r["tokens"]], r["finish"]) for r in data["recordings"]]
+    (token bytes as latin-1 strings, so ASCII stays readable); several
+    names joined by ``+`` load them all."""
+    out = []
+    for one in name.split("+"):
+        raw = resources.files(__package__).joinpath(f"data/replay-{one}.json").read_text(encoding="utf-8")
+        data = json.loads(raw)
+        out += [Recording(r["name"], r["prompt"], [t.encode("latin-1") for t in r["tokens"]], r["finish"]) for r in data["recordings"]]
+    return out
 
 
 # Text no recording contains: what a context off every recorded path gets.
@@ -184,7 +192,7 @@ def _at(path: tuple, i: int) -> int | None:
 class Replay(FakeModel):
     """A 'model' that writes what a real one wrote (see :class:`ReplayTokenizer`)."""
 
-    def __init__(self, recordings: list[Recording] | None = None, name: str = "qwen2.5-coder-0.5b") -> None:
+    def __init__(self, recordings: list[Recording] | None = None, name: str = REPLAY_SETS) -> None:
         self.name = name
         self.recordings = recordings if recordings is not None else load_recordings(name)
         self.tokenizer = ReplayTokenizer(self.recordings)
@@ -255,6 +263,11 @@ class SimulatedTarget(FakeTarget):
         cost_fields = {k: overrides.pop(k) for k in list(overrides) if k in SimServer.__dataclass_fields__}
         model = Replay(None if replay is True else replay) if replay else overrides.pop("model", FakeModel())
         return cls(costs=replace(costs, **cost_fields), model=model, token_form=overrides.pop("token_form", "vllm"), **overrides)
+
+    def prompt_tokens_received(self) -> int:
+        """Prompt tokens of every generating request so far, cancelled ones
+        included (what a provider bills)."""
+        return sum(len(r.get("_prompt_ids") or ()) for r in self.requests)
 
     @property
     def running(self) -> int:
@@ -403,7 +416,7 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - used by b
 
     parser = argparse.ArgumentParser(prog="python -m blackbox_spec.testing.sim", description="Serve a simulated server over HTTP.")
     parser.add_argument("--preset", choices=list(PRESETS), default="gpu", help="its costs (default: gpu)")
-    parser.add_argument("--replay", default="qwen2.5-coder-0.5b", help="recordings to answer from ('none': the fake model)")
+    parser.add_argument("--replay", default=REPLAY_SETS, help="recordings to answer from, names joined by + ('none': the fake model)")
     parser.add_argument("--port", type=int, default=8200)
     parser.add_argument("--model", default="sim", help="the model name it serves")
     args = parser.parse_args(argv)

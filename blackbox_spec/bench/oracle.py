@@ -1,0 +1,149 @@
+"""The copy-oracle: what a perfect copy drafter would get on the same server.
+
+A drafter that copies text from the prompt and the output so far can at
+best propose, at output token ``i``, the longest run of the *real* next
+tokens whose text already occurs there (``copy_runs``).  The oracle knows
+that run and checks it in the cheapest way the server's costs allow: a
+round confirms the run plus the target's next token, and costs the cheaper
+of letting the stream run on (one decoding step a token) and one new
+request that reads the run as prompt and decodes one step
+(``oracle_seconds``).  Plain decoding under the same costs is one request
+and a step a token, so ``plain / oracle`` is the speedup a copy drafter
+could reach there: every speed figure of ``bspec bench`` stands beside it.
+
+Pure functions over bytes (a token may end inside a character), tested on
+small arrays, as vLLM's n-gram proposer is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+def copy_runs(context: bytes, tokens: list[bytes]) -> list[int]:
+    """For each output position ``i``: how many of ``tokens[i:]`` in a row
+    occur, as one piece of text, in ``context`` + the tokens before ``i``.
+
+    >>> copy_runs(b"abc", [b"a", b"b", b"x", b"a", b"b", b"x"])
+    [2, 1, 0, 3, 2, 1]
+    """
+    runs: list[int] = []
+    seen = bytearray(context)
+    k = 0
+    for i in range(len(tokens)):
+        # What held from i-1 holds from i, one shorter: start from there.
+        k = max(0, k - 1)
+        text = b"".join(tokens[i : i + k])
+        while i + k < len(tokens) and (text + tokens[i + k]) in seen:
+            text += tokens[i + k]
+            k += 1
+        runs.append(k)
+        seen += tokens[i]
+    return runs
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """What a server's work costs, as the oracle prices a round.
+
+    ``step_s``: one decoding step of a running stream.  ``request_s``: a
+    new request's fixed cost up to its first token (round trip, the
+    server's own time, one step).  ``prefill_s``: each prompt token the new
+    request brings that the server has not cached (the copied run)."""
+
+    step_s: float
+    request_s: float
+    prefill_s: float = 0.0
+
+    def copy_round_s(self, run: int) -> float:
+        """Confirming ``run`` copied tokens and the target's next one."""
+        return min((run + 1) * self.step_s, self.request_s + run * self.prefill_s)
+
+
+@dataclass(frozen=True)
+class OracleFigure:
+    """The oracle on one answer: its seconds beside plain's, both after the
+    first request (which costs both the same), and its rounds."""
+
+    tokens: int
+    plain_s: float
+    oracle_s: float
+    rounds: int  # copy rounds that took a request (the rest streamed)
+    copied: int  # tokens those rounds confirmed from a copy
+
+    @property
+    def speedup(self) -> float:
+        return self.plain_s / self.oracle_s if self.oracle_s > 0 else 1.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Tokens per verify round (a streamed token is a round of one)."""
+        streamed = self.tokens - self.copied - self.rounds
+        return self.tokens / max(1, self.rounds + streamed)
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens, "plain_s": round(self.plain_s, 4), "oracle_s": round(self.oracle_s, 4),
+                "speedup": round(self.speedup, 3), "rounds": self.rounds, "copied": self.copied,
+                "tokens_per_round": round(self.tokens_per_round, 2)}
+
+
+def oracle_seconds(runs: list[int], costs: RoundCosts, first_s: float = 0.0) -> OracleFigure:
+    """Walk the answer as the oracle would: at each position, the cheaper of
+    streaming and one request for the copy that starts there.  ``first_s``
+    is the first request's latency (prompt prefill, round trip), paid by
+    plain decoding and the oracle alike.
+
+    >>> costs = RoundCosts(step_s=1.0, request_s=2.0)
+    >>> f = oracle_seconds([0, 5, 4, 3, 2, 1, 0], costs)   # a 5-token copy after one new token
+    >>> (f.plain_s, f.oracle_s, f.rounds, f.copied)
+    (7.0, 3.0, 1, 5)
+    """
+    n = len(runs)
+    seconds, rounds, copied, i = first_s, 0, 0, 0
+    while i < n:
+        run = min(runs[i], n - i - 1)  # the last token is the target's next one
+        if run > 0 and costs.copy_round_s(run) < (run + 1) * costs.step_s:
+            seconds += costs.copy_round_s(run)
+            rounds += 1
+            copied += run
+            i += run + 1
+        else:
+            seconds += costs.step_s
+            i += 1
+    return OracleFigure(n, first_s + n * costs.step_s, seconds, rounds, copied)
+
+
+def oracle(prompt: bytes, tokens: list[bytes], costs: RoundCosts, first_s: float = 0.0) -> OracleFigure:
+    """The copy-oracle's figure for one answer of ``tokens`` to ``prompt``."""
+    return oracle_seconds(copy_runs(prompt, tokens), costs, first_s)
+
+
+def answer_tokens(recorded: list[bytes], text: str) -> list[bytes] | None:
+    """The recorded tokens that make up ``text`` (a plain answer, perhaps cut
+    shorter by a smaller budget); None where ``text`` is not their head."""
+    want, got, out = text.encode(), 0, []
+    for token in recorded:
+        if got >= len(want):
+            break
+        out.append(token)
+        got += len(token)
+    return out if b"".join(out) == want else None
+
+
+def sim_oracle(sim) -> "Callable[[Any, str], dict | None]":
+    """The oracle of a simulated server that replays recordings
+    (``testing.sim``): the recorded tokens, priced at the preset's costs."""
+    costs = sim.costs
+    step = costs.step_s(1)
+    rounds = RoundCosts(step_s=step, request_s=costs.rtt_s + costs.overhead_s + step, prefill_s=costs.prefill_s)
+    recordings = {r.prompt: r for r in getattr(sim.model, "recordings", [])}
+
+    def figure(prompt, text: str) -> dict | None:
+        recording = recordings.get(prompt.text)
+        tokens = answer_tokens(recording.tokens, text) if recording else None
+        if tokens is None:
+            return None
+        return oracle(prompt.text.encode(), tokens, rounds, first_s=rounds.request_s).to_dict()
+
+    return figure
