@@ -17,7 +17,7 @@ import pytest
 
 from blackbox_spec import SpecClient
 from blackbox_spec.bench.divergence import explain, resumed_plain_gives_spec
-from blackbox_spec.bench.workloads import PROMPTS, WORKLOADS
+from blackbox_spec.bench.workloads import PROMPTS, REAL_WORKLOADS, WORKLOADS
 
 from .conftest import DIVERGENCES
 
@@ -81,7 +81,8 @@ async def assert_same(target, name: str, prompt: str, plain: str, spec: str, lab
 
 def test_the_prompts_cover_every_workload():
     assert len(PROMPTS) >= 20
-    assert {p.workload for p in PROMPTS} == set(WORKLOADS)
+    # (The real edits, 1.5B answers, are replayed by the simulated servers.)
+    assert {p.workload for p in PROMPTS} == set(WORKLOADS) - set(REAL_WORKLOADS)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=[p.name for p in PROMPTS])
