@@ -817,8 +817,13 @@ async def _bench(args: argparse.Namespace) -> int:
         before, after = (Path(p) for p in args.compare)
         compare_reports(load_report(before), load_report(after), names=(str(before), str(after)))
         return 0
-    workloads = args.workload or (REAL_WORKLOADS if args.sim else [w for w in WORKLOADS if w not in REAL_WORKLOADS])
-    chosen = prompts(workloads if not args.prompt or args.workload else WORKLOADS, args.prompt)
+    if args.workload:
+        workloads = args.workload
+    elif args.prompt:
+        workloads = WORKLOADS  # names pick from every set
+    else:
+        workloads = REAL_WORKLOADS if args.sim else [w for w in WORKLOADS if w not in REAL_WORKLOADS]
+    chosen = prompts(workloads, args.prompt)
     if not chosen:
         raise PromptError("no prompt matches the chosen --workload and --prompt")
     configs = [Config(d, s) for d in args.drafter for s in args.strategy]
