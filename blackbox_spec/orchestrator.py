@@ -138,6 +138,7 @@ async def _rounds(
         # 1. Draft locally (while drafting pays for itself: ``DraftBudget``).
         draft = (_propose(drafter, policy, stats) or "") if policy.speculating else ""
         match = getattr(drafter, "last_match", 0)
+        kind = policy.kind(match)
 
         # 2. Plan from what has been measured: check the draft, and how, or not.
         plan = policy.plan(draft, match, plain_next=plain_next, remaining=out.remaining)
@@ -211,7 +212,7 @@ async def _rounds(
         # 6. Learn: the drafter sees the new text, the policy the costs.
         drafter.update("".join(u.text for u in accepted), draft, draft_chars)
         _tell_outcome(drafter, draft, draft_chars)
-        policy.observe(plan, verdict, draft_kind(match), verdict.usage.prompt_tokens, _missed(draft, draft_chars, accepted[verdict.draft_units :]))
+        policy.observe(plan, verdict, kind, verdict.usage.prompt_tokens, _missed(draft, draft_chars, accepted[verdict.draft_units :]))
         plain_next = verdict.plain_next
         if not verdict.units and not verdict.eos:
             plain_next = True
@@ -536,7 +537,7 @@ class BranchedStream:
         if plan is not None:
             offsets = likely_boundaries(proposal, plan.width, plan.segment_chars)[1:]
             if offsets:
-                self.open_group(proposal, offsets, draft_kind(match))
+                self.open_group(proposal, offsets, policy.kind(match))
                 return False
         return policy.interrupt(proposal, match)
 

