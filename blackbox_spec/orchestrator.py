@@ -528,6 +528,8 @@ class BranchedStream:
         self.hunch = (len(out.text), proposal)
         policy.observe_hunch(held)
         plan = policy.branches(proposal, match, remaining=out.remaining) if held else None
+        if policy.costs.speculates:
+            self.stats.note("the server speculates itself (its stream sends several tokens a step): no side branches; echo rounds only where they pay")
         if plan is not None and not await self.canon.holds(out.text, out.tokens if out.exact else None):
             # Branches would send this text back, and it does not tokenize
             # as written: this stream goes on alone (it never sends it).

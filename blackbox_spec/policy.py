@@ -244,6 +244,12 @@ class ServerCosts:
         # a server that speculates itself (vLLM's n-gram) sends a step's
         # accepted tokens at once (``speculates``).
         self.chunks = [0, 0]  # [several tokens, all]
+        # ... and their times: [seconds of one-token chunks, how many,
+        # seconds of several-token chunks, their tokens, how many].  A burst
+        # that came in about one step's time is a verified draft; one that
+        # took as many steps as it holds tokens is a server (or a proxy)
+        # that buffers its stream, and side branches still pay there.
+        self.chunk_s = [0.0, 0, 0.0, 0, 0]
         # The drafter's own cost, against what its drafts saved (per client).
         self.drafting = DraftBudget()
         # How drafts held in the last generation (``Policy.remember``).
@@ -262,7 +268,7 @@ class ServerCosts:
             "fanout": {str(w): c.to_dict() for w, c in self.fanout.items() if c.observed},
             "step": {str(w): s for w, s in self.step.items()},
             "batch_ratio": {str(w): r for w, r in self.batch_ratio.items()},
-            "chunks": list(self.chunks),
+            "chunks": list(self.chunks), "chunk_s": list(self.chunk_s),
         } | ({"branch_s": self.branch_s} if self.branch_s is not None else {})
 
     @classmethod
@@ -274,6 +280,9 @@ class ServerCosts:
         costs.step = {int(w): float(s) for w, s in data.get("step", {}).items()}
         costs.batch_ratio = {int(w): float(r) for w, r in data.get("batch_ratio", {}).items()}
         costs.chunks = [int(n * weight) for n in data.get("chunks", [0, 0])][:2]
+        chunk_s = data.get("chunk_s")
+        if isinstance(chunk_s, list) and len(chunk_s) == 5:
+            costs.chunk_s = [float(chunk_s[0]) * weight, int(chunk_s[1] * weight), float(chunk_s[2]) * weight, int(chunk_s[3] * weight), int(chunk_s[4] * weight)]
         branch_s = data.get("branch_s")
         costs.branch_s = float(branch_s) if isinstance(branch_s, (int, float)) and branch_s >= 0 else None
         return costs
@@ -309,6 +318,8 @@ class ServerCosts:
         tokens = max(1, tokens)
         if width == 1:
             self.chunks = [self.chunks[0] + (tokens > 1), self.chunks[1] + 1]
+            c = self.chunk_s
+            self.chunk_s = [c[0] + seconds, c[1] + 1, c[2], c[3], c[4]] if tokens == 1 else [c[0], c[1], c[2] + seconds, c[3] + tokens, c[4] + 1]
         old = self.step.get(width)
         keep = 0.9**tokens  # as ``tokens`` observations of seconds / tokens each
         self.step[width] = seconds / tokens if old is None else keep * old + (1 - keep) * seconds / tokens
@@ -328,7 +339,13 @@ class ServerCosts:
         """Does the server speculate itself?  (A lone stream's chunks often
         carry several tokens: one step's accepted draft.)"""
         several, seen = self.chunks
-        return seen >= 10 and several > 0.2 * seen
+        if not (seen >= 10 and several > 0.2 * seen):
+            return False
+        one_s, ones, burst_s, burst_tokens, bursts = self.chunk_s
+        if ones < 3 or bursts < 3:
+            return True  # (untimed: a profile from before chunks were timed)
+        # A burst of k tokens in well under k steps' time.
+        return burst_s / bursts < 0.6 * (burst_tokens / bursts) * (one_s / ones)
 
     def measured_widths(self) -> list[int]:
         """Widths whose cost has been measured (beyond one stream).  On a
@@ -845,6 +862,12 @@ class Policy:
         None: none while a losing group's back-off lasts (unless the drafts
         have kept predicting the stream since), else ``branch_outlook``."""
         if self.forced or "branches" not in self.strategies or not draft or remaining <= 2:
+            return None
+        if self.costs.speculates:
+            # The server verifies drafts of its own on every stream: a branch
+            # competes with the main stream for the same steps, and jumps
+            # less than the server already skips (bspec on vLLM's n-gram was
+            # 0.72x with branches).  Echo rounds only, where they pay.
             return None
         if self.backing_off(self.kind(match)):
             return None

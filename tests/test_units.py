@@ -454,3 +454,28 @@ def test_branches_that_cost_more_to_start_are_made_to_count():
     assert cheap is not None and dear is not None
     assert dear.width <= cheap.width and dear.segment_chars >= cheap.segment_chars
     assert (dear.width, -dear.segment_chars) != (cheap.width, -cheap.segment_chars)
+
+
+def test_a_server_that_speculates_itself_gets_no_side_branches():
+    """vLLM with its own n-gram speculation sends a step's accepted tokens
+    at once, in about one step's time: branches there made bspec 0.72x of
+    plain (issue 39), so the policy steps aside (echo only where it pays).
+    A server that merely buffers its stream (a burst of k tokens in k steps'
+    time) keeps its branches."""
+    draft = "    total += item.price * item.quantity\n" * 30
+
+    def policy_seeing(burst_s: float) -> Policy:
+        policy = _policy()
+        policy.costs.observe_step(2, 0.055)
+        for _ in range(10):
+            policy.costs.observe_step(1, 0.05)
+            policy.costs.observe_step(1, burst_s, tokens=5)
+        return policy
+
+    verifying, buffering = policy_seeing(0.06), policy_seeing(0.25)
+    assert verifying.costs.speculates and not buffering.costs.speculates
+    assert verifying.branches(draft, 200, remaining=400) is None
+    assert buffering.branches(draft, 200, remaining=400) is not None
+    # The profile keeps what was seen: a fresh process steps aside at once.
+    again = ServerCosts.from_dict(verifying.costs.to_dict(), weight=0.5)
+    assert again.speculates
