@@ -43,6 +43,14 @@ STRATEGIES = ("auto", "echo", "fanout", "plain")
 BATCH_PROBE_WIDTH = 8
 BATCH_PROBE_TOKENS = 8
 BATCH_PROBE_PROMPT = "Hello"  # (tests tell probes by it)
+# The echo probe's second call: an echo's cost grows with the context it
+# re-reads, and one 1-token call can't tell how fast.  Priced from the prior
+# (prefill an eighth of a decoding step a token), a GPU-like server's echo
+# round over 500 tokens looked like 0.9 s where it took 0.06 s, and a fresh
+# process never tried one (issue 39).  ~120 tokens: cheap on a GPU server,
+# a second or two once per server on a CPU one (then kept in the profile).
+ECHO_PROBE_PROMPT = BATCH_PROBE_PROMPT + " world" * 120
+PROBE_PROMPTS = (BATCH_PROBE_PROMPT, ECHO_PROBE_PROMPT)  # (tests tell the client's probes by them)
 MIN_TIMED_S = 0.02  # calls quicker than this time the client, not the server
 BATCH_PROBE_PATIENCE = 3.0  # the 8 calls at once may take this many times one alone
 _REFUSALS = (400, 422, 501)
@@ -408,8 +416,10 @@ class SpecClient:
             if isinstance(outcome, BaseException):
                 raise outcome
         (first_s, per_token_s, alone_s), (logprobs, fit) = plain_call  # type: ignore[misc]
-        echo, echo_s = echo_call  # type: ignore[misc]
+        echo, echo_s, echo_sizes = echo_call  # type: ignore[misc]
         self.costs = ServerCosts(first_s, echo_s)
+        if echo_sizes:
+            _seed_echo_cost(self.costs, echo_sizes)
         if per_token_s is not None:
             self.costs.stream.per_token = per_token_s
         if logprobs and fit:
@@ -447,16 +457,26 @@ class SpecClient:
         per_token = (done - first) / (pieces - 1) if pieces > 2 else None
         return (first - started, per_token, done - started), (listed, fit)
 
-    async def _probe_echo(self) -> tuple[bool, float | None]:
+    async def _probe_echo(self) -> tuple[bool, float | None, list[tuple[int, float]]]:
+        """Whether echo is offered, one small echo call's seconds, and
+        (context tokens, seconds) of it and a longer one (``ECHO_PROBE_PROMPT``)."""
         try:
-            echoed = await self.api.complete("Hello", max_tokens=1, logprobs=1, echo=True)
-            return echoed.echoed and bool(echoed.prompt_units), echoed.elapsed
+            echoed = await self.api.complete(BATCH_PROBE_PROMPT, max_tokens=1, logprobs=1, echo=True)
         except TargetHTTPError as exc:
             if exc.status_code not in _REFUSALS:
                 raise
+            return False, None, []
         except TargetResponseError:
-            pass
-        return False, None
+            return False, None, []
+        offered = echoed.echoed and bool(echoed.prompt_units)
+        sizes = [(echoed.usage.prompt_tokens, echoed.elapsed)]
+        if offered:
+            try:
+                longer = await self.api.complete(ECHO_PROBE_PROMPT, max_tokens=1, logprobs=1, echo=True)
+                sizes.append((longer.usage.prompt_tokens, longer.elapsed))
+            except TargetError:
+                pass  # (only the echo cost's slope is lost: the prior stays)
+        return offered, echoed.elapsed, sizes if offered and len(sizes) == 2 and all(n > 0 for n, _ in sizes) else []
 
     async def _probe_batch(self, costs: ServerCosts, alone_s: float, width: int = BATCH_PROBE_WIDTH) -> None:
         """``width`` copies of the plain probe at once, against it alone (a
@@ -798,3 +818,15 @@ def _check_arguments(prompt: object, max_tokens: object, stop: object) -> list[s
     if not all(isinstance(s, str) and s for s in stops):
         raise ConfigurationError("stop sequences must be non-empty strings")
     return stops or None
+
+
+def _seed_echo_cost(costs: ServerCosts, sizes: list[tuple[int, float]]) -> None:
+    """The echo probe's two calls, as the echo cost's first measurements: a
+    context that took no longer to echo (timing noise on a fast server)
+    leaves a tiny slope, never the prior's."""
+    (n1, s1), (n2, s2) = sorted(sizes)
+    for n, seconds in sizes:
+        costs.echo.add(n, seconds)
+    if n2 > n1 and s2 <= s1:
+        costs.echo.per_token = 1e-6
+        costs.echo.fixed = max(s1, s2)

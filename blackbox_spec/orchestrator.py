@@ -541,7 +541,7 @@ class BranchedStream:
             if offsets:
                 self.open_group(proposal, offsets, policy.kind(match))
                 return False
-        return policy.interrupt(proposal, match)
+        return policy.interrupt(proposal, match, remaining=out.remaining)
 
     def open_group(self, proposal: str, offsets: list[int], kind: str) -> None:
         out = self.out

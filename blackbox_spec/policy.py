@@ -830,20 +830,31 @@ class Policy:
         options = self.options(draft, match)
         if options:
             best = max(options, key=_rate)
-            # Against the stream, or the stream with side branches where they pay more.
-            outlook = self._outlook(draft, match, remaining) if "branches" in self.strategies else None
-            against = max(self.stream_rate() * self.bar(self.kind(match)), outlook.tokens_per_s if outlook else 0.0)
-            if self.forced or _rate(best) > against:
+            if self.forced or _rate(best) > self.echo_bar(draft, match, remaining):
                 plan = best[2]
                 plan.tokens_per_request = max(1, min(plan.tokens_per_request, remaining))
                 self.predicted_gain = best[0]
                 return plan
         return self.plain(remaining)
 
-    def interrupt(self, draft: str, match: int, *, against: float = 0.0) -> bool:
-        """While streaming: would checking ``draft`` now beat the stream (and
-        ``against``, tokens a second another way would deliver), counting
-        the latency of restarting the stream afterwards?"""
+    def echo_bar(self, draft: str, match: int, remaining: int) -> float:
+        """Tokens a second an echo round of ``draft`` must beat: the
+        stream's (by the bar), or the stream's with the side branches
+        ``branches`` would open for it, where they deliver more.  One rule
+        for ``plan`` and ``interrupt``: when they differed, a stream cut for
+        an echo round that the next plan turned down was restarted and cut
+        again, 140 times a token in one real Go edit (sim gpu)."""
+        kind = self.kind(match)
+        bar = self.stream_rate() * self.bar(kind)
+        if "branches" in self.strategies and not self.forced and not self.costs.speculates and not self.backing_off(kind):
+            outlook = self._outlook(draft, match, remaining)
+            bar = max(bar, outlook.tokens_per_s if outlook else 0.0)
+        return bar
+
+    def interrupt(self, draft: str, match: int, *, remaining: int = 1 << 20) -> bool:
+        """While streaming: would checking ``draft`` now beat the stream
+        (``echo_bar``), counting the latency of restarting the stream
+        afterwards?"""
         if not draft or (self.costs.stream.observed == 0 and 1 not in self.costs.step and not self.forced):
             return False
         if not self.forced and "branches" in self.strategies and self.backing_off(self.kind(match)):
@@ -857,7 +868,7 @@ class Policy:
         if self.forced:
             return True
         restart = self.costs.stream.fixed
-        return max(g / (s + restart) for g, s, _ in options) > max(against, self.stream_rate() * self.bar(self.kind(match)))
+        return max(g / (s + restart) for g, s, _ in options) > self.echo_bar(draft, match, remaining)
 
     def branches(self, draft: str, match: int, *, remaining: int) -> Plan | None:
         """Side branches to open next to the plain stream for ``draft``, or
@@ -874,7 +885,7 @@ class Policy:
         if self.backing_off(self.kind(match)):
             return None
         outlook = self._outlook(draft, match, remaining)
-        if outlook is None or "echo" in self.strategies and self.interrupt(draft, match, against=outlook.tokens_per_s):
+        if outlook is None or "echo" in self.strategies and self.interrupt(draft, match, remaining=remaining):
             return None  # (none pays, or an echo round pays more: ``interrupt`` cuts the stream for it)
         self.forecast_life_s = outlook.life_s
         self.outlook = outlook

@@ -18,6 +18,7 @@ from blackbox_spec.testing.faults import cut_off
 
 from .conftest import API_KEY, BASE_URL, PROMPTS, client_for, no_sleep
 from .test_cli import bspec, one_line_error, write
+from blackbox_spec.client import PROBE_PROMPTS
 
 
 def test_context_overflow_shows_the_servers_message(tmp_path):
@@ -85,7 +86,7 @@ async def test_garbled_answers_are_library_errors_with_the_text_kept(fake, garba
     stream_like = garbage.startswith(b"data:") or garbage.startswith(b"event:")
 
     def garbled(request: httpx.Request) -> httpx.Response:
-        if json.loads(request.content).get("prompt") == "Hello":
+        if json.loads(request.content).get("prompt") in PROBE_PROMPTS:
             return fake.handle(request)  # the client's probe
         calls["n"] += 1
         if calls["n"] <= GOOD_START:

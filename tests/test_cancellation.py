@@ -22,6 +22,7 @@ from blackbox_spec.client import GenerationStream
 from blackbox_spec.testing import FakeTarget
 
 from .conftest import PROMPTS, in_flight, over_http
+from blackbox_spec.client import PROBE_PROMPTS
 
 
 class CountingTransport(httpx.AsyncBaseTransport):
@@ -178,7 +179,7 @@ def test_ctrl_c_in_the_cli_reports_the_partial_text(slow_server, tmp_path, as_js
     process = _bspec(url, str(path), *(["--json"] if as_json else []))
     deadline = time.time() + 60
     def generating() -> bool:  # past the probe (prompt "Hello"), with a request open
-        return sum(r.get("prompt") != "Hello" for r in fake.requests[before:]) >= 2 and in_flight(url) >= 1
+        return sum(r.get("prompt") not in PROBE_PROMPTS for r in fake.requests[before:]) >= 2 and in_flight(url) >= 1
 
     while not generating() and time.time() < deadline:
         time.sleep(0.02)

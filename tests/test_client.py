@@ -25,6 +25,7 @@ from blackbox_spec.testing import FakeTarget
 from blackbox_spec.testing.faults import cut_off
 
 from .conftest import API_KEY, BASE_URL, PROMPTS, client_for
+from blackbox_spec.client import PROBE_PROMPTS
 
 
 async def test_stream_yields_what_generate_returns(served):
@@ -65,12 +66,12 @@ async def test_model_defaults_to_the_first_listed(served):
 async def test_probe_runs_once_per_client(served):
     async with client_for() as client:
         await client.generate(PROMPTS["prose"], max_tokens=10)
-        probes = sum(1 for r in served.requests if r["prompt"] == "Hello")
+        probes = sum(1 for r in served.requests if r["prompt"] in PROBE_PROMPTS)
         await client.generate(PROMPTS["prose"], max_tokens=10)
     # One plain probe and one echo probe at once (then, where a call takes
     # long enough to time, 8 plain ones at once), and never again.
     assert probes >= 2
-    assert sum(1 for r in served.requests if r["prompt"] == "Hello") == probes
+    assert sum(1 for r in served.requests if r["prompt"] in PROBE_PROMPTS) == probes
 
 
 @pytest.mark.parametrize("mode", ["refuse", "ignore"])
@@ -197,7 +198,7 @@ async def test_failure_mid_generation_keeps_the_partial_text(fake):
     count = {"n": 0}
 
     def dies(request: httpx.Request) -> httpx.Response:
-        if json.loads(request.content).get("prompt") == "Hello":
+        if json.loads(request.content).get("prompt") in PROBE_PROMPTS:
             return original(request)  # the client's probe
         count["n"] += 1
         response = original(request)
@@ -243,7 +244,7 @@ async def test_fanout_cancels_branches_a_divergence_made_useless():
 
     async def slow_branches(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
-        if body["prompt"] != prompt and body["prompt"] != "Hello":
+        if body["prompt"] != prompt and body["prompt"] not in PROBE_PROMPTS:
             slow_started.append(time.perf_counter())
             await asyncio.sleep(2.0)  # branches past offset 0 are slow...
         return fake.handle(request)

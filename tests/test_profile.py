@@ -17,12 +17,13 @@ from blackbox_spec.profile import MAX_AGE_S, load_profile, profile_path, server_
 from blackbox_spec.testing.sim import SimulatedTarget
 
 from .conftest import PROMPTS
+from blackbox_spec.client import PROBE_PROMPTS
 
 URL = "http://sim.test:8000/v1"
 
 
 def probes(sim: SimulatedTarget) -> int:
-    return sum(1 for r in sim.requests if r.get("prompt") in ("Hello", STOP_PROBE_PROMPT))
+    return sum(1 for r in sim.requests if r.get("prompt") in (*PROBE_PROMPTS, STOP_PROBE_PROMPT))
 
 
 async def generate(sim: SimulatedTarget, url: str = URL, key: str = "sk-test", **options):
@@ -34,7 +35,7 @@ async def test_a_fresh_client_starts_from_what_an_earlier_one_saved():
     sim = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.005)
     first, _ = await generate(sim)
     assert first.stats.server_profile == "probed"
-    assert probes(sim) == 2 + BATCH_PROBE_WIDTH + 2  # capabilities, batch cost, stop rule
+    assert probes(sim) == 3 + BATCH_PROBE_WIDTH + 2  # capabilities (a plain call, two echoes), batch cost, stop rule
     stored = load_profile(URL, sim.model_name)
     assert stored is not None and stored.capabilities["echo"] and stored.costs["batch_ratio"]
     assert stored.generations == 1
@@ -42,7 +43,7 @@ async def test_a_fresh_client_starts_from_what_an_earlier_one_saved():
     second, client = await generate(sim)
     # Costs and capabilities come from the profile; what exactness rests on
     # is learned again: the server's kind (1 call), its stop rule (2 calls).
-    assert probes(sim) == 2 + BATCH_PROBE_WIDTH + 2 + 1 + 2
+    assert probes(sim) == 3 + BATCH_PROBE_WIDTH + 2 + 1 + 2
     assert second.stats.server_profile == "stored" and second.text == first.text
     assert load_profile(URL, sim.model_name).generations == 2
 

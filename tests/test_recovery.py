@@ -24,6 +24,7 @@ from blackbox_spec.verifiers.base import Plan
 from blackbox_spec.verifiers.fanout import likely_boundaries
 
 from .conftest import BASE_URL, PROMPTS, client_for, no_sleep
+from blackbox_spec.client import PROBE_PROMPTS
 
 ONCE = RetryPolicy(attempts=1, sleep=no_sleep)  # every fault reaches the orchestrator
 
@@ -69,7 +70,7 @@ async def test_every_third_call_reset_still_exact(fake, strategy):
     calls = {"n": 0}
 
     def resets(request: httpx.Request) -> httpx.Response:
-        if json.loads(request.content)["prompt"] != "Hello":  # (not the client's probes)
+        if json.loads(request.content)["prompt"] not in PROBE_PROMPTS:  # (not the client's probes)
             calls["n"] += 1
             if calls["n"] % 3 == 1:  # the first call, and every third after it
                 raise httpx.ReadError("connection reset by peer")
@@ -92,7 +93,7 @@ async def test_verification_that_keeps_failing_falls_back_to_plain(fake):
 
     def echo_fails(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
-        if body.get("echo") and body["prompt"] != "Hello":
+        if body.get("echo") and body["prompt"] not in PROBE_PROMPTS:
             verifications.append(body["prompt"])
             return httpx.Response(500, json={"error": {"message": "prompt_logprobs crashed the worker"}})
         return fake.handle(request)
@@ -115,7 +116,7 @@ async def test_a_server_that_goes_down_keeps_the_partial_text(fake):
     calls = {"n": 0}
 
     def dies(request: httpx.Request) -> httpx.Response:
-        if json.loads(request.content)["prompt"] == "Hello":
+        if json.loads(request.content)["prompt"] in PROBE_PROMPTS:
             return fake.handle(request)  # the client's probe
         calls["n"] += 1
         if calls["n"] > 4:
@@ -145,7 +146,7 @@ async def test_what_a_plain_round_survives(fake, status, raised):
     message = "The model `x` does not exist" if status == 404 else "nope"
 
     def refuses_one_stream(request: httpx.Request) -> httpx.Response:
-        if is_stream(request) and failures["n"] == 0 and json.loads(request.content)["prompt"] != "Hello":  # (not the probe)
+        if is_stream(request) and failures["n"] == 0 and json.loads(request.content)["prompt"] not in PROBE_PROMPTS:  # (not the probe)
             failures["n"] += 1
             return httpx.Response(status, json={"error": {"message": message}})
         return fake.handle(request)

@@ -479,3 +479,24 @@ def test_a_server_that_speculates_itself_gets_no_side_branches():
     # The profile keeps what was seen: a fresh process steps aside at once.
     again = ServerCosts.from_dict(verifying.costs.to_dict(), weight=0.5)
     assert again.speculates
+
+
+def test_a_stream_is_cut_for_echo_only_where_the_next_plan_takes_echo():
+    """``interrupt`` and ``plan`` weigh an echo round against the same rival
+    (``Policy.echo_bar``): when only ``plan`` counted side branches, a real
+    Go edit (sim gpu) cut its stream for echo 140 times, a token each, and
+    each next plan streamed again."""
+    draft = "    total += item.price * item.quantity\n" * 30
+    cuts = 0
+    for step_s, echo_s in ((0.015, 0.06), (0.015, 0.3), (0.1, 0.5), (0.1, 3.0)):
+        policy = _policy()
+        for width in (1, 2, 4, 8, 16):
+            policy.costs.observe_step(width, step_s * (1 + 0.02 * width))
+        policy.costs.echo.add(300, echo_s)
+        policy.costs.echo.add(600, echo_s * 1.5)
+        for match in (5, 40, -1):
+            policy.runs["resync"].observe(40, missed=False)
+            if policy.interrupt(draft, match, remaining=300):
+                cuts += 1
+                assert policy.plan(draft, match, plain_next=False, remaining=300).strategy == "echo", (step_s, echo_s, match)
+    assert cuts  # (some of these states do cut the stream)

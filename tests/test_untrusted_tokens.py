@@ -29,6 +29,7 @@ from blackbox_spec.testing.corrupt import KINDS, corrupting
 from .conftest import API_KEY, BASE_URL, client_for, over_http
 from .test_byte_level import COPYING, MODEL, prompts, stops, target
 from .test_cli import bspec, write
+from blackbox_spec.client import PROBE_PROMPTS
 
 ROOT = BASE_URL.removesuffix("/v1")
 FORMS = ["vllm-legacy", "vllm", "vllm-0.10", "openai", "token-id", "llama"]
@@ -55,7 +56,7 @@ def ascii_probe(fake: FakeTarget):
     plain = FakeTarget()
 
     async def handle(request: httpx.Request) -> httpx.Response:
-        return await (plain if json.loads(request.content).get("prompt") == "Hello" else fake).handle_async(request)
+        return await (plain if json.loads(request.content).get("prompt") in PROBE_PROMPTS else fake).handle_async(request)
 
     return handle
 
@@ -78,7 +79,7 @@ def test_vllm_010_token_strings_are_given_up_not_raised(strategy, drafter):
     assert sum("token strings did not fit" in n for n in stats.notes) == 1
     assert "without logprobs" in _summary(result)
     # After the failure, no request asked for logprobs.
-    failed_at = next(k for k, r in enumerate(fake.requests) if r.get("logprobs") is None and r.get("stream") and r.get("prompt") != "Hello")
+    failed_at = next(k for k, r in enumerate(fake.requests) if r.get("logprobs") is None and r.get("stream") and r.get("prompt") not in PROBE_PROMPTS)
     assert all(r.get("logprobs") is None for r in fake.requests[failed_at:])
 
 
@@ -99,7 +100,7 @@ def test_the_probe_aligns_its_answer_before_it_trusts_token_strings():
     async def handler(request: httpx.Request) -> httpx.Response:
         response = await fake.handle_async(request)
         await response.aread()
-        if json.loads(request.content).get("prompt") != "Hello" or not json.loads(request.content).get("stream"):
+        if json.loads(request.content).get("prompt") not in PROBE_PROMPTS or not json.loads(request.content).get("stream"):
             return response
         chunks = [json.loads(line[6:]) for line in response.text.split("\n\n") if line.startswith("data: {")]
         for chunk in chunks:
@@ -113,7 +114,7 @@ def test_the_probe_aligns_its_answer_before_it_trusts_token_strings():
     result = asyncio.run(_generate(fake, prompt, 40, None, "auto", "ngram", handler))
     assert result.text == fake.generate(prompt, 40)[0]
     assert any("did not fit the text of the probe's answer" in n for n in result.stats.notes)
-    speculative = [r for r in fake.requests if r.get("prompt") != "Hello" and (r.get("logprobs") is not None or r.get("echo"))]
+    speculative = [r for r in fake.requests if r.get("prompt") not in PROBE_PROMPTS and (r.get("logprobs") is not None or r.get("echo"))]
     assert not speculative
     # A strategy forced on such a server: decoded plainly too, not refused
     # (the strings are the server's doing, found at run time).
