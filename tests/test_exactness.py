@@ -91,7 +91,9 @@ def test_repetitive_prompt_accepts_long_drafts():
     result = asyncio.run(_speculate(target, prompt, 120, None, "auto", 4))
     assert result.text == expected
     assert result.stats.accepted_tokens > 0
-    assert result.stats.jumps > 0  # side branches were reached, and their text taken
+    # Side branches reached (their text taken), or echo rounds that took long
+    # drafts whole, where echo is cheap enough to bet on (issue 39).
+    assert result.stats.jumps > 0 or any(t[0] == "echo" and t[2] >= 32 for t in result.stats.trace)
     assert result.stats.rounds < 120
 
 
