@@ -34,7 +34,7 @@ from ._stats import GenerationStats
 from ._target import StreamEnd, StreamPiece, TargetAPI, Usage
 from ._tokens import OPAQUE, AlignmentError, Unit, count_tokens, mark_inexact, with_last_bytes
 from .drafters.base import Drafter
-from .policy import Policy, draft_kind
+from .policy import Policy
 from .verifiers.base import Verifier
 from .verifiers.branches import Branch, Streams, draft_agreement, reached, side_left_draft
 from .verifiers.fanout import likely_boundaries
