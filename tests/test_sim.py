@@ -13,7 +13,6 @@ import pytest
 from blackbox_spec import SpecClient
 from blackbox_spec._exceptions import TargetHTTPError
 from blackbox_spec.bench.workloads import all_prompts
-from blackbox_spec.testing.fake_target import FakeTokenizer
 from blackbox_spec.testing.sim import OFF_PATH, PRESETS, Recording, Replay, SimulatedTarget, _PrefixCache, load_recordings
 
 RECORDINGS = {r.name: r for r in load_recordings()}
@@ -263,32 +262,3 @@ def test_bspec_run_on_a_chat_only_server_says_to_use_chat(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=10)
-
-
-def _greedy_every_length(tokenizer, data: bytes) -> list[int]:
-    """The fake's greedy longest match as it was written first: every
-    length up to the longest token's, at every byte."""
-    ids, pos = [], 0
-    while pos < len(data):
-        for length in range(min(tokenizer.max_token_bytes, len(data) - pos), 0, -1):
-            token = tokenizer._ids.get(data[pos : pos + length])
-            if token is not None:
-                ids.append(token)
-                pos += length
-                break
-    return ids
-
-
-def test_the_replay_tokenizer_index_of_lengths_matches_plain_greedy_matching():
-    """The lengths-by-first-byte index (a speed-up: the sim tokenizes every
-    request in the client's process) must split text as trying every length
-    did, recorded tokens (added after the base vocabulary) included."""
-    model = Replay()
-    tok = model.tokenizer
-    texts = [r.prompt + b"".join(r.tokens).decode("utf-8", "replace") for r in model.recordings[:6]]
-    texts += ["", "x", "    \n\n\t  }}\r\n", "ünïcödé 🙂 " * 3, "".join(OFF_PATH) + "def f(x):\n    return x\n"]
-    greedy = FakeTokenizer.encode_bytes  # the replay's own encode follows recorded paths first
-    for text in texts:
-        data = text.encode()
-        assert greedy(tok, data) == _greedy_every_length(tok, data)
-    assert any(len(raw) > 8 for raw in tok.vocab)  # long recorded tokens exist, so lengths matter

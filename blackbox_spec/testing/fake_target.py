@@ -127,40 +127,20 @@ class FakeTokenizer:
         self.eos_id = len(self.vocab)
         self._ids = {raw: i for i, raw in enumerate(self.vocab)}
         self.max_token_bytes = max(len(raw) for raw in self.vocab)
-        self._lengths: dict[int, list[int]] = {}
-        self._lengths_of = 0  # the vocabulary size ``_lengths`` was built for (a subclass adds tokens)
 
     def encode(self, text: str) -> list[int]:
         return self.encode_bytes(text.encode())
 
     def encode_bytes(self, data: bytes) -> list[int]:
-        """Greedy longest match.  Only the lengths some token starting with
-        that byte has are tried: a simulated server tokenizes every request
-        in the client's process, and trying every length up to the longest
-        token's (a recorded run of spaces) cost ~4 ms a request there."""
-        if self._lengths_of != len(self._ids):
-            self._index_lengths()
-        lengths = self._lengths
         ids, pos, n = [], 0, len(data)
         while pos < n:
-            for length in lengths.get(data[pos], ()):
-                if length <= n - pos:
-                    token = self._ids.get(data[pos : pos + length])
-                    if token is not None:
-                        ids.append(token)
-                        pos += length
-                        break
-            else:
-                raise ValueError(f"no token for byte {data[pos]!r}")
+            for length in range(min(self.max_token_bytes, n - pos), 0, -1):
+                token = self._ids.get(data[pos : pos + length])
+                if token is not None:
+                    ids.append(token)
+                    pos += length
+                    break
         return ids
-
-    def _index_lengths(self) -> None:
-        by_first: dict[int, set[int]] = {}
-        for raw in self._ids:
-            if raw:
-                by_first.setdefault(raw[0], set()).add(len(raw))
-        self._lengths = {b: sorted(ls, reverse=True) for b, ls in by_first.items()}
-        self._lengths_of = len(self._ids)
 
     def token_bytes(self, token: int) -> bytes:
         return b"" if token == self.eos_id else self.vocab[token]
