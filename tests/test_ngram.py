@@ -58,3 +58,33 @@ def test_copy_from_overlaps_only_with_the_period_shown():
     assert copy_from(text, 7, 10, match=2) == "ab-"
     assert copy_from(text, 2, 5) == "z-ab-"
     assert copy_from(text, len(text), 5, match=99) == ""
+
+
+CODE_EDIT_PROMPT = (
+    "<|im_start|>user\nModernize the declarations.\n\n```js\n// settings for the loader\nvar a = 1;\nvar b = a + 1;\nconsole.log(b);\n```<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+
+
+def test_an_answer_that_opens_a_code_fence_drafts_the_prompts_block():
+    """The latest "\\n```" is the prompt's closing fence, followed by a
+    control token: the draft comes from the opening one instead."""
+    d = NGramDrafter(min_match=3)
+    d.start(CODE_EDIT_PROMPT)
+    d.update("```", "", 0)
+    assert d.propose(40) == "js\n// settings for the loader\nvar a = 1;"
+
+
+def test_a_word_written_over_a_word_resumes_the_copy_after_it():
+    """Each "var" the target replaces with "const": the copy resumes after
+    the source's "var", not at it (which missed until a suffix matched)."""
+    d = NGramDrafter(min_match=3)
+    d.start(CODE_EDIT_PROMPT)
+    d.update("```", "", 0)
+    draft = d.propose(40)
+    d.update("js\n// settings for the loader\n", draft, 32)  # a copy followed
+    assert d.propose(8) == "var a = "
+    d.update("const", "var a = ", 0)
+    assert d.propose(12) == " a = 1;\nvar "
+    d.update(" a = 1;\nconst", " a = 1;\nvar ", 8)
+    assert d.propose(9) == " b = a + "
