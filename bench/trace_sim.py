@@ -8,6 +8,10 @@ Without -q: every request (start, time to headers, prompt tokens,
 max_tokens, echo) and, with env DECISIONS=1 / TIMING=1, each
 ``Policy.interrupt`` / ``Policy.branches`` decision, group opened, jump,
 Canon check and echo round, timed (monkeypatched: a diagnosis tool).
+Env DRAFTER=oracle|perfect|located|trusted drafts the true answer (the
+copy-oracle's run, or all of it, or the source from where the run is found
+on: a copy drafter that always knows where to copy from), or the n-gram's
+drafts all reported as long matches: the verification machinery measured apart from the drafter.
 Env TUNE="segment_tokens=(1,2);widths=(2,4)" overrides ``policy.TUNING``
 fields, FANOUT sets the client's fanout_width.
 
@@ -80,6 +84,61 @@ if os.environ.get("TIMING"):
     BS.jump = jump
     wrap(E.EchoVerifier, "verify", "echo.verify")
 
+class OracleDrafter:
+    """Diagnosis only (env DRAFTER=oracle|perfect): drafts the true answer.
+    "oracle": the copy-oracle's run (the longest head of the true rest whose
+    text occurs in the context so far), so the machinery is measured apart
+    from the n-gram drafter; "perfect": the whole true rest."""
+    name = "ngram"
+    def __init__(self, answer, perfect):
+        self.answer, self.perfect, self.last_match = answer, perfect, 256
+        self.copy_on = DRAFTER.startswith("located")
+        from blackbox_spec.drafters.ngram import NGramDrafter
+        self.ngram = NGramDrafter() if DRAFTER == "located+guess" else None
+    def start(self, prompt):
+        self.context, self.done = prompt, 0
+        if self.ngram: self.ngram.start(prompt)
+    def propose(self, max_chars):
+        rest = self.answer[self.done:self.done + max_chars]
+        if self.perfect: return rest
+        lo, hi = 0, len(rest)
+        while lo < hi:  # longest head of rest found in the context (monotone)
+            mid = (lo + hi + 1) // 2
+            if rest[:mid] in self.context: lo = mid
+            else: hi = mid - 1
+        self.last_match = 256 if lo >= 32 else 16
+        if self.ngram is not None:
+            draft = self.ngram.propose(max_chars)
+            if not lo:  # nothing copyable: what the n-gram drafter would guess
+                self.last_match = self.ngram.last_match
+                return draft
+        if self.copy_on and lo:  # the source's text past the run, as a copy drafter would go on
+            at = self.context.rfind(rest[:lo])
+            return self.context[at:at + max_chars]
+        return rest[:lo]
+    def update(self, accepted, draft, accepted_draft_chars):
+        self.context += accepted; self.done += len(accepted)
+        if self.ngram: self.ngram.update(accepted, draft, accepted_draft_chars)
+    def outcome(self, draft, accepted_chars): pass
+    def finish(self): pass
+
+class TrustedNGram:
+    """Diagnosis only (env DRAFTER=trusted): the n-gram drafter's drafts,
+    with every non-empty one reported as a long match (how much the policy's
+    distrust of short and re-aligned matches costs)."""
+    name = "ngram"
+    def __init__(self):
+        from blackbox_spec.drafters.ngram import NGramDrafter
+        self.d = NGramDrafter(); self.last_match = 0
+    def start(self, prompt): self.d.start(prompt)
+    def propose(self, max_chars):
+        draft = self.d.propose(max_chars); self.last_match = 256 if draft else 0; return draft
+    def update(self, *a): self.d.update(*a)
+    def outcome(self, *a): pass
+    def finish(self): pass
+
+DRAFTER = os.environ.get("DRAFTER", "ngram")
+
 async def main(preset, name, strategy="auto", verbose=True):
     sim = SimulatedTarget.preset(preset, replay=True, model_name="sim")
     p = next(p for p in REAL_PROMPTS if p.name == name)
@@ -89,7 +148,7 @@ async def main(preset, name, strategy="auto", verbose=True):
     r0 = await (plain.chat(p.messages, max_tokens=p.max_tokens) if chat else plain.generate(p.text, max_tokens=p.max_tokens))
     plain_s = time.perf_counter() - t
     orc = sim_oracle(sim)(p, r0.text)
-    spec = SpecClient(f"http://sim-{preset}/v1", None, "sim", drafter="ngram", strategy=strategy, fanout_width=FANOUT, transport=sim.transport(), profile="off")
+    spec = SpecClient(f"http://sim-{preset}/v1", None, "sim", drafter={"ngram": "ngram", "trusted": TrustedNGram()}.get(DRAFTER) or OracleDrafter(r0.text, DRAFTER == "perfect"), strategy=strategy, fanout_width=FANOUT, transport=sim.transport(), profile="off")
     n0 = len(sim.requests)
     await (spec.probe_chat() if chat else spec.probe())
     n1 = len(sim.requests)
