@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 SPECIAL_START = "<|"  # chat-template control tokens (<|im_end|>): never drafted
+_WORD = re.compile(r"\w[\w.]*")  # a source word a replacement may write over (``1.4.2``, ``print``)
 
 
 def match_length_and_start(text: str, *, min_match: int, max_match: int) -> tuple[int, int]:
@@ -120,8 +121,8 @@ def resync(text: str, pos: int, *, window: int = 48, max_suffix: int = 24) -> in
     insertion: resume at ``pos``.  (On the real 1.5B edits, resuming at
     ``pos`` after such replacements missed 2-3 times in a row, every time;
     a renamed identifier that grew a prefix, ``Total`` to ``OrderTotal``,
-    is the case this guesses wrong, once.)  Of several occurrences the one ending nearest ``pos`` wins: a short
-    suffix (``":\\n"``, ``'"\\n'``) recurs every line or two, and the one
+    is the case this guesses wrong, once.)  Of several occurrences the one
+    ending nearest ``pos`` wins: a short suffix (``":\\n"``, ``'"\\n'``) recurs every line or two, and the one
     furthest on skipped whole lines of the copy (on real 1.5B type-hint and
     import edits, drafts resumed a line or two late and missed at once).
 
@@ -155,13 +156,8 @@ def resync(text: str, pos: int, *, window: int = 48, max_suffix: int = 24) -> in
             at = text.find(suffix, at + 1, hi)
         if best != -1:
             return best
-    if text[-1:].isalnum() and pos < len(text) and (text[pos].isalnum() or text[pos] == "_"):
-        word = _WORD.match(text, pos)
-        return word.end() if word else pos
-    return pos
-
-
-_WORD = re.compile(r"[\w.]+")
+    word = _WORD.match(text, pos)
+    return word.end() if word and text[-1:].isalnum() else pos
 
 
 def follow_copy(source: str, pos: int, accepted: str) -> int:
