@@ -163,7 +163,13 @@ def test_a_long_echo_round_leaves_the_event_loop_free():
 
     worst, units = asyncio.run(run())
     assert units > 1000
-    assert worst < 0.2, f"the event loop waited {worst:.3f}s"
+    # Against the same work done on the loop, in this process, now: a fixed
+    # bound failed on a loaded CI machine (0.202 s against 0.2 s), where the
+    # on-loop cost grows as much.  What stays on the loop is decoding the
+    # JSON body (C code holding the GIL: about a fifth of the whole).
+    api = TargetAPI(BASE_URL, API_KEY, "fake-model")
+    on_loop = best_of(2, lambda: api._parse(httpx.Response(200, json=answer).json(), prompt, 0.0))
+    assert worst < on_loop / 2, f"the event loop waited {worst:.3f}s; the work on the loop takes {on_loop:.3f}s"
 
 
 def test_median_cost_per_token_of_plain_text_is_small():

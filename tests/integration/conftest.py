@@ -59,12 +59,15 @@ def _own_profiles(_shared_profiles, monkeypatch) -> None:
     monkeypatch.setenv("BSPEC_PROFILES", str(_shared_profiles))
 
 
-@pytest.fixture(scope="session")
+# Package scope: the servers stop when tests/integration is done, so that an
+# idle vLLM worker (half a core, spinning) does not slow the unit tests after
+# it and upset their timing checks.
+@pytest.fixture(scope="package")
 def vllm_target():
     yield from _target("vllm", "BSPEC_VLLM_URL")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def llama_target():
     yield from _target("llama-server", "BSPEC_LLAMA_URL")
 
