@@ -88,3 +88,38 @@ def test_a_word_written_over_a_word_resumes_the_copy_after_it():
     assert d.propose(12) == " a = 1;\nvar "
     d.update(" a = 1;\nconst", " a = 1;\nvar ", 8)
     assert d.propose(9) == " b = a + "
+
+
+LOGGING_PROMPT = (
+    "<|im_start|>user\nUse logging.\n\n```python\nwhile True:\n    if job is None:\n"
+    '        print("worker stopping")\n        return\n    for attempt in range(3):\n'
+    "        run(job)\n```<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+def test_a_suffix_cut_inside_a_word_does_not_re_align_the_copy():
+    """"print" became "logging.info": the "ng" of "logging" occurs in
+    "stopping" and the "fo" of "info" in "for", both near the copy; neither
+    says where it resumes (the real 1.5B logging edit missed three rounds in
+    a row on them).  The copy resumes after the source's "print"."""
+    d = NGramDrafter(min_match=3)
+    d.start(LOGGING_PROMPT)
+    d.update("```", "", 0)
+    draft = d.propose(60)
+    d.update("python\nwhile True:\n    if job is None:\n        ", draft, 40)
+    d.update("logging", 'print("', 0)
+    assert d.propose(9) == '("worker '
+    d.update(".info", '("worker ', 0)
+    assert d.propose(9) == '("worker '
+
+
+def test_a_word_resumes_before_the_full_stop_after_it():
+    """"limitaton." fixed to "limitation.": the draft keeps the full stop."""
+    d = NGramDrafter(min_match=3)
+    d.start("user:\nFix the typos.\n\nThis is a known limitaton.\n\n## License\n\nassistant:\n")
+    d.update("This is", "", 0)
+    draft = d.propose(16)
+    d.update(" a known limitat", draft, 16)  # a copy followed
+    draft = d.propose(8)
+    d.update("ion", draft, 0)
+    assert d.propose(12) == ".\n\n## Licens"
