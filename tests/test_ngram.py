@@ -123,3 +123,20 @@ def test_a_word_resumes_before_the_full_stop_after_it():
     draft = d.propose(8)
     d.update("ion", draft, 0)
     assert d.propose(12) == ".\n\n## Licens"
+
+
+def test_the_answers_first_draft_is_the_pasted_text():
+    """Before any answer text the prompt's ending says nothing; the first
+    draft copies what the user pasted after the instruction (here a
+    Markdown file whose last fenced block is not its start)."""
+    prompt = "<|im_start|>user\nFix the typos.\n\n# quickcache\n\nA small cahce.\n\n```py\nc = Cache()\n```<|im_end|>\n<|im_start|>assistant\n"
+    d = NGramDrafter(min_match=3)
+    d.start(prompt)
+    assert d.propose(20) == "# quickcache\n\nA smal"
+    assert d.last_match == -1  # a guess: priced as a re-aligned copy
+
+
+def test_a_free_form_answer_gets_no_first_draft_from_the_prompt():
+    d = NGramDrafter(min_match=3)
+    d.start("<|im_start|>user\nWrite a story about a fox.<|im_end|>\n<|im_start|>assistant\n")
+    assert d.propose(20) == ""

@@ -184,6 +184,44 @@ def starts_word_part(text: str, i: int) -> bool:
     return not before.isalnum() or (before.islower() and text[i].isupper())
 
 
+_FENCE = re.compile(r"^```", re.MULTILINE)
+_USER_TURN = re.compile(r"user(?:<\|end_header_id\|>|:)?\n")  # ChatML, Gemma, Llama 3, ``conversation_text``
+
+
+def answer_opening(prompt: str) -> int:
+    """Where an answer that rewrites the prompt's text likely starts copying
+    it, or -1: the first paragraph after the instruction in the last user
+    turn (the pasted file or its opening fence), else the opening fence of
+    the prompt's last fenced block.
+
+    At the answer's start the text's ending (``"assistant\\n"``) says
+    nothing: on the real 1.5B edits the n-gram matched the prompt's closing
+    fence or a stray "t\\n" and drafted nothing useful, and the first round
+    of 5 of 14 edits went by (the oracle copies the whole file in it).
+
+    >>> p = "<|im_start|>user\\nRename.\\n\\n```go\\nfunc a() {}\\n```<|im_end|>\\n<|im_start|>assistant\\n"
+    >>> p[answer_opening(p):][:8]
+    '```go\\nfu'
+    >>> p = "user:\\nFix the typos.\\n\\n# quickcache\\n\\n```py\\nc = Cahce()\\n```\\n\\nassistant:\\n"
+    >>> p[answer_opening(p):][:12]
+    '# quickcache'
+    >>> p = "Rename.\\n```go\\nfunc a() {}\\n```\\n"
+    >>> p[answer_opening(p):][:5]
+    '```go'
+    >>> answer_opening("user:\\nWrite a story about a fox.\\n\\nassistant:\\n")
+    -1
+    """
+    turns = list(_USER_TURN.finditer(prompt))
+    if turns:
+        blank = prompt.find("\n\n", turns[-1].end())
+        at = blank + 2
+        # A paragraph of the user's own text follows, not the turn's end.
+        if blank != -1 and prompt[at : at + 1].strip() and not prompt.startswith(("assistant", "<"), at):
+            return at
+    fences = [m.start() for m in _FENCE.finditer(prompt)]
+    return fences[-2] if len(fences) >= 2 and len(fences) % 2 == 0 else -1
+
+
 def follow_copy(source: str, pos: int, accepted: str) -> int:
     """How many characters of ``accepted`` agree with ``source`` from ``pos``.
 
@@ -216,9 +254,11 @@ class NGramDrafter:
         self.pos: int | None = None  # where in ``text`` the current copy reads from
         self.pos_valid = False  # that copy was confirmed (long match, or long acceptance)
         self.last_match = 0
+        self.prompt_chars = 0
 
     def start(self, prompt: str) -> None:
         self.text = prompt
+        self.prompt_chars = len(prompt)
         self.pos = None
         self.pos_valid = False
         self.last_match = 0
@@ -226,7 +266,10 @@ class NGramDrafter:
     def propose(self, max_chars: int) -> str:
         length, start = match_length_and_start(self.text, min_match=self.min_match, max_match=self.max_match)
         self.last_match = length
-        if length < self.strong_match and self.pos is not None and self.pos_valid:
+        if len(self.text) == self.prompt_chars and (opening := answer_opening(self.text)) != -1:
+            start = opening  # the answer's start: a guess, priced as a re-aligned copy
+            self.last_match = -1
+        elif length < self.strong_match and self.pos is not None and self.pos_valid:
             # A weak global match right after a change: the copy we were
             # following is the better guess.
             start = resync(self.text, self.pos)
