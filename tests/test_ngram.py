@@ -140,3 +140,34 @@ def test_a_free_form_answer_gets_no_first_draft_from_the_prompt():
     d = NGramDrafter(min_match=3)
     d.start("<|im_start|>user\nWrite a story about a fox.<|im_end|>\n<|im_start|>assistant\n")
     assert d.propose(20) == ""
+
+
+def _walk(d: NGramDrafter, answer: str, until: str) -> None:
+    """Feeds ``answer`` up to ``until`` as rounds would: what each draft got
+    right, and the next character."""
+    done, end = 0, answer.index(until) + len(until)
+    while done < end:
+        draft, truth = d.propose(200), answer[done:end]
+        k = 0
+        while k < min(len(draft), len(truth)) and draft[k] == truth[k]:
+            k += 1
+        d.update(truth[: k + 1], draft, k)
+        done += k + 1
+
+
+def test_a_section_copied_from_elsewhere_in_the_prompt_beats_the_local_copy():
+    """A new changelog entry written on top of the old ones: its lines
+    re-aligned the copy into the older sections; once the old heading is
+    written again, the long match in the prompt says where the copy is."""
+    prompt = (
+        "user:\nAdd a 2.4.0 entry.\n\n# Changelog\n\n## 2.3.0 - 2026-10-02\n\n- Added `Client.stream()` for events.\n"
+        "- Fixed a leak of connections.\n\n## 2.2.1 - 2026-08-14\n\n- Fixed `timeout=None` being zero.\n\nassistant:\n"
+    )
+    answer = (
+        "# Changelog\n\n## 2.4.0 - 2026-12-01\n\n- Added `Client.close()` is now idempotent.\n- Fixed the default timeout.\n\n"
+        "## 2.3.0 - 2026-10-02\n\n- Added `Client.stream()` for events.\n"
+    )
+    d = NGramDrafter()
+    d.start(prompt)
+    _walk(d, answer, "## 2.3.0 - 2026-10")
+    assert d.propose(30) == "-02\n\n- Added `Client.stream()`"

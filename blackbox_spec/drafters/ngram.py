@@ -109,6 +109,10 @@ def copy_from(text: str, start: int, max_chars: int, *, match: int = 0) -> str:
 
 
 def resync(text: str, pos: int, *, window: int = 48, max_suffix: int = 24) -> int:
+    return resync_match(text, pos, window=window, max_suffix=max_suffix)[0]
+
+
+def resync_match(text: str, pos: int, *, window: int = 48, max_suffix: int = 24) -> tuple[int, int]:
     """Where to resume copying ``text[pos:]`` after the target wrote something
     new at the end of ``text``.
 
@@ -159,9 +163,9 @@ def resync(text: str, pos: int, *, window: int = 48, max_suffix: int = 24) -> in
                 best = at + length
             at = text.find(suffix, at + 1, hi)
         if best != -1:
-            return best
+            return best, length
     word = _WORD.match(text, pos)
-    return word.end() if word and text[-1:].isalnum() else pos
+    return (word.end() if word and text[-1:].isalnum() else pos), 0
 
 
 def starts_word_part(text: str, i: int) -> bool:
@@ -269,10 +273,13 @@ class NGramDrafter:
         if len(self.text) == self.prompt_chars and (opening := answer_opening(self.text)) != -1:
             start = opening  # the answer's start: a guess, priced as a re-aligned copy
             self.last_match = -1
-        elif length < self.strong_match and self.pos is not None and self.pos_valid:
+        elif length < self.strong_match and self.pos is not None and self.pos_valid and (
+            (local := resync_match(self.text, self.pos))[1] * 2 > length or length < 12 or start >= self.prompt_chars
+        ):
             # A weak global match right after a change: the copy we were
-            # following is the better guess.
-            start = resync(self.text, self.pos)
+            # following is the better guess, unless the text far away
+            # matches much longer (a section copied from elsewhere).
+            start = local[0]
             self.last_match = -1
         elif not length:
             return ""
