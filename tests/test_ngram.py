@@ -171,3 +171,14 @@ def test_a_section_copied_from_elsewhere_in_the_prompt_beats_the_local_copy():
     d.start(prompt)
     _walk(d, answer, "## 2.3.0 - 2026-10")
     assert d.propose(30) == "-02\n\n- Added `Client.stream()`"
+
+
+def test_the_pasted_texts_copy_goes_on_after_the_answers_first_tokens():
+    """A stream's first tokens can land before the first draft (a chat on a
+    hosted API): the answer so far is the pasted text's start, and the
+    draft goes on from there, not from a short match elsewhere."""
+    d = NGramDrafter(min_match=3)
+    d.start(CODE_EDIT_PROMPT)
+    d.update("```js\n", "", 0)
+    assert d.propose(24) == "// settings for the load"
+    assert d.last_match == -1

@@ -259,10 +259,12 @@ class NGramDrafter:
         self.pos_valid = False  # that copy was confirmed (long match, or long acceptance)
         self.last_match = 0
         self.prompt_chars = 0
+        self.opening = -1
 
     def start(self, prompt: str) -> None:
         self.text = prompt
         self.prompt_chars = len(prompt)
+        self.opening = answer_opening(prompt)  # where an edit's answer likely starts copying
         self.pos = None
         self.pos_valid = False
         self.last_match = 0
@@ -270,8 +272,10 @@ class NGramDrafter:
     def propose(self, max_chars: int) -> str:
         length, start = match_length_and_start(self.text, min_match=self.min_match, max_match=self.max_match)
         self.last_match = length
-        if len(self.text) == self.prompt_chars and (opening := answer_opening(self.text)) != -1:
-            start = opening  # the answer's start: a guess, priced as a re-aligned copy
+        if self._copies_opening(length):
+            # The answer so far is the pasted text's start (or nothing yet):
+            # a guess, priced as a re-aligned copy, until a long match proves it.
+            start = self.opening + len(self.text) - self.prompt_chars
             self.last_match = -1
         elif length < self.strong_match and self.pos is not None and self.pos_valid and (
             (local := resync_match(self.text, self.pos))[1] * 2 > length or length < 12 or start >= self.prompt_chars
@@ -290,6 +294,12 @@ class NGramDrafter:
         draft = copy_from(self.text, start, max_chars, match=max(0, self.last_match))
         special = draft.find(SPECIAL_START)
         return draft[:special] if special != -1 else draft
+
+    def _copies_opening(self, match: int) -> bool:
+        written = len(self.text) - self.prompt_chars
+        if self.opening == -1 or match >= self.strong_match or written > self.strong_match:
+            return False
+        return self.text.startswith(self.text[self.prompt_chars :], self.opening)
 
     def outcome(self, draft: str, accepted_chars: int) -> None:
         pass  # the copy is followed in ``update``; the policy sizes what is checked
