@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 SPECIAL_START = "<|"  # chat-template control tokens (<|im_end|>): never drafted
+FAR_MATCH_CHARS = 12  # a match in the prompt this long beats re-aligning the local copy
 _WORD = re.compile(r"\w+(?:\.\w+)*")  # a source word a replacement may write over (``1.4.2``, ``print``; not a full stop after it)
 
 
@@ -277,13 +278,10 @@ class NGramDrafter:
             # a guess, priced as a re-aligned copy, until a long match proves it.
             start = self.opening + len(self.text) - self.prompt_chars
             self.last_match = -1
-        elif length < self.strong_match and self.pos is not None and self.pos_valid and (
-            (local := resync_match(self.text, self.pos))[1] * 2 > length or length < 12 or start >= self.prompt_chars
-        ):
+        elif length < self.strong_match and self.pos is not None and self.pos_valid and (resumed := self._local_resume(length, start)) is not None:
             # A weak global match right after a change: the copy we were
-            # following is the better guess, unless the text far away
-            # matches much longer (a section copied from elsewhere).
-            start = local[0]
+            # following is the better guess.
+            start = resumed
             self.last_match = -1
         elif not length:
             return ""
@@ -294,6 +292,15 @@ class NGramDrafter:
         draft = copy_from(self.text, start, max_chars, match=max(0, self.last_match))
         special = draft.find(SPECIAL_START)
         return draft[:special] if special != -1 else draft
+
+    def _local_resume(self, match: int, start: int) -> int | None:
+        """Where the copy being followed resumes (:func:`resync_match`), or
+        None where the global match (``match`` characters, followed by
+        ``start``) says more: a section copied from elsewhere in the prompt
+        (not the answer's own earlier lines, which an edit repeats)."""
+        resumed, evidence = resync_match(self.text, self.pos or 0)
+        far = match >= FAR_MATCH_CHARS and match >= 2 * evidence and start < self.prompt_chars
+        return None if far else resumed
 
     def _copies_opening(self, match: int) -> bool:
         written = len(self.text) - self.prompt_chars
