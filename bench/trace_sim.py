@@ -12,6 +12,7 @@ Env DRAFTER=oracle|perfect|located|trusted drafts the true answer (the
 copy-oracle's run, or all of it, or the source from where the run is found
 on: a copy drafter that always knows where to copy from), or the n-gram's
 drafts all reported as long matches: the verification machinery measured apart from the drafter.
+Env PROFILE=auto keeps a saved profile between prompts (as a user's later processes do).
 Env TUNE="segment_tokens=(1,2);widths=(2,4)" overrides ``policy.TUNING``
 fields, FANOUT sets the client's fanout_width.
 
@@ -148,7 +149,7 @@ async def main(preset, name, strategy="auto", verbose=True):
     r0 = await (plain.chat(p.messages, max_tokens=p.max_tokens) if chat else plain.generate(p.text, max_tokens=p.max_tokens))
     plain_s = time.perf_counter() - t
     orc = sim_oracle(sim)(p, r0.text)
-    spec = SpecClient(f"http://sim-{preset}/v1", None, "sim", drafter={"ngram": "ngram", "trusted": TrustedNGram()}.get(DRAFTER) or OracleDrafter(r0.text, DRAFTER == "perfect"), strategy=strategy, fanout_width=FANOUT, transport=sim.transport(), profile="off")
+    spec = SpecClient(f"http://sim-{preset}/v1", None, "sim", drafter={"ngram": "ngram", "trusted": TrustedNGram()}.get(DRAFTER) or OracleDrafter(r0.text, DRAFTER == "perfect"), strategy=strategy, fanout_width=FANOUT, transport=sim.transport(), profile=os.environ.get("PROFILE", "off"))
     n0 = len(sim.requests)
     await (spec.probe_chat() if chat else spec.probe())
     n1 = len(sim.requests)

@@ -77,6 +77,11 @@ class ContinueCheck:
     partial: str
     rest: str
     rest_tokens: int
+    # The form it worked under (``ChatSupport.prefill``, ``repeats_prefill``):
+    # a later process's side branches use it while the check runs again
+    # (``ChatTurn.side_stream``).  None: a profile from before it was kept.
+    prefill: dict[str, Any] | None = None
+    repeats_prefill: bool = False
 
 
 def conversation_text(messages: list[dict[str, Any]]) -> str:
@@ -118,6 +123,11 @@ class ChatTurn:
         self.pending: asyncio.Future[ChatSupport] | None = None
         self.extra = dict(extra or {})
         self.usage_seen: list[Usage] = []  # each call's usage (Predicted Outputs' counts ride on it)
+        # While ``pending`` runs: the continuation form an earlier process's
+        # probe saw work (the profile's), which side branches may use at
+        # once; their text is taken only once ``side_confirmed``.
+        self.provisional: ChatSupport | None = None
+        self.provisional_used = False
 
     @property
     def server_kind(self) -> str | None:
@@ -142,19 +152,40 @@ class ChatTurn:
         message in ``prompt`` (see ``TargetAPI.count_tokens``)."""
         return await self.api.count_tokens(prompt[len(self.head):], text)
 
-    async def _request(self, prompt: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
-        """The messages and fields to send, and the text the answer will repeat first."""
+    async def _request(self, prompt: str, provisional: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+        """The messages and fields to send, and the text the answer will
+        repeat first.  ``provisional``: a side branch, which may go out under
+        the stored form while the probe still runs."""
         if not prompt.startswith(self.head):
             raise AssertionError("a chat turn continues its own conversation only")
         partial = prompt[len(self.head):]
         if not partial:
             return self.messages, dict(self.extra), ""
-        if self.support is None and self.pending is not None:
-            self.support = await asyncio.shield(self.pending)  # (one caller giving up leaves the probe to the rest)
-        if self.support is None or self.support.prefill is None:
+        support = self.support
+        if support is None and provisional and self.provisional is not None and self.pending is not None and not self.pending.done():
+            support = self.provisional
+            self.provisional_used = True
+        elif support is None and self.pending is not None:
+            support = self.support = await asyncio.shield(self.pending)  # (one caller giving up leaves the probe to the rest)
+        if support is None or support.prefill is None:
             raise TargetError(f"{self.api.base_url} cannot continue a partial assistant message, so this chat turn cannot resume part-way")
-        repeated = partial if self.support.repeats_prefill else ""
-        return self.messages + [{"role": "assistant", "content": partial}], {**self.support.prefill, **self.extra}, repeated
+        repeated = partial if support.repeats_prefill else ""
+        return self.messages + [{"role": "assistant", "content": partial}], {**support.prefill, **self.extra}, repeated
+
+    async def side_confirmed(self) -> bool:
+        """May a side branch's text be taken?  Yes unless one went out under
+        the stored form (``provisional``) and the probe, once it answers, did
+        not see that same form work."""
+        if not self.provisional_used:
+            return True
+        if self.support is None and self.pending is not None:
+            try:
+                self.support = await asyncio.shield(self.pending)
+            except Exception:  # (the probe failed: the turn goes on plainly, see ``_chat_probed``)
+                return False
+        used, support = self.provisional, self.support
+        return (support is not None and used is not None and support.speculative
+                and support.prefill == used.prefill and support.repeats_prefill == used.repeats_prefill)
 
     async def complete(self, prompt: str, *, max_tokens: int, logprobs: int | None = None, echo: bool = False, stop: list[str] | None = None,
                        earlier: Aligned | None = None, stable: int | None = None) -> Completion:
@@ -171,8 +202,13 @@ class ChatTurn:
             c.echoed = c.prompt_units is not None
         return c
 
-    async def stream(self, prompt: str, *, max_tokens: int, stop: list[str] | None = None, logprobs: int | None = None) -> AsyncIterator[StreamPiece | StreamEnd]:
-        messages, fields, repeated = await self._request(prompt)
+    def side_stream(self, prompt: str, *, max_tokens: int, stop: list[str] | None = None, logprobs: int | None = None) -> AsyncIterator[StreamPiece | StreamEnd]:
+        """A side branch's :meth:`stream` (see ``provisional``)."""
+        return self.stream(prompt, max_tokens=max_tokens, stop=stop, logprobs=logprobs, provisional=True)
+
+    async def stream(self, prompt: str, *, max_tokens: int, stop: list[str] | None = None, logprobs: int | None = None,
+                     provisional: bool = False) -> AsyncIterator[StreamPiece | StreamEnd]:
+        messages, fields, repeated = await self._request(prompt, provisional)
         stream = self.api.chat_stream(messages, max_tokens=max_tokens, stop=stop, logprobs=logprobs is not None, extra=fields)
         try:
             async for item in stream:
@@ -391,4 +427,5 @@ async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: fl
     else:
         reason = None
     seconds = answer.elapsed if round_trip is None else round_trip
-    return ChatSupport(True, prefill, echoes and reason is None, seconds, reason, repeats_prefill=repeats, check=check if reason is None else None)
+    kept = replace(check, prefill=prefill, repeats_prefill=repeats) if reason is None else None
+    return ChatSupport(True, prefill, echoes and reason is None, seconds, reason, repeats_prefill=repeats, check=kept)

@@ -370,6 +370,14 @@ class SpecClient:
         except TypeError:  # another version's: the full probe runs
             return None
 
+    def _stored_support(self) -> ChatSupport | None:
+        """How the stored check's continuation worked, for side branches
+        sent before the probe repeats it (None: a profile without it)."""
+        check = self._stored_check()
+        if check is None or check.prefill is None:
+            return None
+        return ChatSupport(True, dict(check.prefill), False, 0.0, repeats_prefill=check.repeats_prefill, check=check)
+
     async def _chat_profiled(self) -> bool:
         """A stored profile holds this server's chat costs (an earlier process
         speculated on its chat endpoint)."""
@@ -685,6 +693,7 @@ class SpecClient:
             # (Only where an earlier process speculated on this chat endpoint:
             # the first request asks for logprobs, which the probe is for.)
             turn.pending = asyncio.ensure_future(self.probe_chat())
+            turn.provisional = self._stored_support()
         else:
             turn.support = await self.probe_chat()
             unsupported = turn.support.reason
@@ -692,10 +701,15 @@ class SpecClient:
         if self.strategy not in ("auto", "plain") and turn.support is not None and not turn.support.speculative:
             raise ConfigurationError(f"strategy {self.strategy!r} is not available on {self.api.base_url}'s chat endpoint: {turn.support.reason}")
         if reason is None:
-            # (While the probe runs, nothing that continues the message: the
-            # probe's answer allows it, ``_chat_probed``.)
+            # (While the probe runs, nothing that continues the message but
+            # side branches sent under the stored form, whose text is taken
+            # only once the probe sees it work: ``ChatTurn.side_confirmed``.
+            # The rest the probe's answer allows, ``_chat_probed``.)
             echo = turn.support is not None and turn.support.prompt_logprobs
-            available = [] if turn.pending is not None else (["echo"] if echo else []) + ["fanout", "branches"]
+            if turn.pending is not None:
+                available = ["branches"] if turn.provisional is not None else []
+            else:
+                available = (["echo"] if echo else []) + ["fanout", "branches"]
             forced = None if self.strategy == "auto" else self.strategy
             if forced and forced not in available:
                 raise ConfigurationError(f"strategy {forced!r} is not available on {self.api.base_url}'s chat endpoint (no prompt_logprobs); use --strategy auto")

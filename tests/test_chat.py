@@ -377,3 +377,33 @@ def test_bspec_run_chat_bad_json_is_one_line(tmp_path):
 
     path = write(tmp_path, "c.json", '[{"role": "user", "content": ')
     one_line_error(bspec("run", path, "--chat", "--base-url", "http://127.0.0.1:9/v1"), "not valid JSON")
+
+
+async def test_a_side_branch_sent_under_the_stored_form_counts_only_if_the_probe_sees_it_again(fake):
+    """``ChatTurn.side_confirmed``: a side branch sent under the stored
+    continuation form while the probe runs is taken only if the probe then
+    sees that same form work (other fields, a repeated prefill, a failed
+    probe: not taken); a turn that sent none under it is never held up."""
+    import asyncio
+
+    from blackbox_spec.chat import ChatSupport, ContinueCheck
+
+    fields = {"continue_final_message": True, "add_generation_prompt": False}
+    check = ContinueCheck("1, 2", ", 3", 2, prefill=fields)
+    stored = ChatSupport(True, dict(fields), False, 0.0, check=check)
+
+    async def verdict(answer: ChatSupport | Exception) -> tuple[bool, bool]:
+        turn = ChatTurn(None, chat_of("hi"))  # type: ignore[arg-type]
+        probe: asyncio.Future = asyncio.get_running_loop().create_future()
+        turn.pending, turn.provisional = probe, stored
+        messages, sent, _ = await turn._request(turn.head + "some", provisional=True)
+        assert sent == fields and messages[-1] == {"role": "assistant", "content": "some"}
+        unasked = await ChatTurn(None, chat_of("hi")).side_confirmed()  # type: ignore[arg-type]
+        probe.set_exception(answer) if isinstance(answer, Exception) else probe.set_result(answer)
+        return unasked, await turn.side_confirmed()
+
+    assert await verdict(ChatSupport(True, dict(fields), True, 0.1)) == (True, True)
+    assert await verdict(ChatSupport(True, {}, True, 0.1)) == (True, False)
+    assert await verdict(ChatSupport(True, dict(fields), True, 0.1, repeats_prefill=True)) == (True, False)
+    assert await verdict(ChatSupport(True, dict(fields), True, 0.1, reason="trims whitespace")) == (True, False)
+    assert await verdict(RuntimeError("probe failed")) == (True, False)

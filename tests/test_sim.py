@@ -12,6 +12,7 @@ import pytest
 
 from blackbox_spec import SpecClient
 from blackbox_spec._exceptions import TargetHTTPError
+from blackbox_spec.chat import ChatTurn
 from blackbox_spec.bench.workloads import all_prompts
 from blackbox_spec.testing.sim import OFF_PATH, PRESETS, Recording, Replay, SimulatedTarget, _PrefixCache, load_recordings
 
@@ -136,20 +137,42 @@ async def test_the_hosted_preset_serves_chat_only_with_the_recordings_chat_templ
     assert result.text.encode() == b"".join(RECORDINGS["rename-js"].tokens)
 
 
-async def test_with_a_stored_chat_profile_the_probe_runs_beside_the_first_request():
+async def test_with_a_stored_chat_profile_the_probe_runs_beside_the_first_request(monkeypatch):
     """A fresh process that finds this chat endpoint in its profile starts the
-    user's stream at once; the chat probe runs beside it, and side branches
-    (which continue the message) come only after the probe answered."""
+    user's stream at once, the chat probe beside it, and the answer's first
+    side branches (the pasted text's copy) with them, under the form the
+    stored profile saw work: the stream jumps onto one only once the probe
+    has seen that form work again (``ChatTurn.side_confirmed``)."""
     costs = PRESETS["hosted"]
     sim = SimulatedTarget.preset("hosted", replay=True, decode_s=costs.decode_s / 5, rtt_s=costs.rtt_s / 5)
     prompt = bench_prompt("rename-js")
     expected = b"".join(RECORDINGS["rename-js"].tokens).decode()
+    times: list[tuple[float, float]] = []  # (arrived, answered) of each request, in sim.requests' order
+    handle = sim.handle_async
+
+    async def timed(request: httpx.Request) -> httpx.Response:
+        arrived, n = time.perf_counter(), len(sim.requests)
+        try:
+            return await handle(request)
+        finally:
+            if len(sim.requests) > n:
+                times.append((arrived, time.perf_counter()))
+
+    monkeypatch.setattr(sim, "handle_async", timed)
+    confirmations: list[bool] = []
+    confirm = ChatTurn.side_confirmed
+
+    async def counted(self) -> bool:
+        confirmations.append(await confirm(self))
+        return confirmations[-1]
+
+    monkeypatch.setattr(ChatTurn, "side_confirmed", counted)
 
     def probe_like(r: dict) -> bool:
         return "Count from 1 to 40" in str(r["messages"][-2:])
 
     results = []
-    for _ in range(2):
+    for _ in range(3):
         first = len(sim.requests)
         async with client(sim) as c:
             results.append(await c.chat(prompt.messages, max_tokens=prompt.max_tokens))
@@ -160,10 +183,37 @@ async def test_with_a_stored_chat_profile_the_probe_runs_beside_the_first_reques
             assert results[0].stats.server_profile == "probed"
         else:
             assert kinds.index("main") <= 1, kinds  # the user's stream at once, the probe beside it
-            last_probe = max(i for i, k in enumerate(kinds) if k == "probe")
-            assert "branch" in kinds and kinds.index("branch") > last_probe, kinds
-            assert results[1].stats.server_profile == "stored"
-    assert [r.text for r in results] == [expected, expected]
+            assert results[-1].stats.server_profile == "stored"
+    # The third process knows the server batches side branches freely (the
+    # second measured it): its first branches go out before the probe answered.
+    spans = times[-len(kinds):]
+    probe_answered = max(done for (_, done), k in zip(spans, kinds) if k == "probe")
+    assert min(sent for (sent, _), k in zip(spans, kinds) if k == "branch") < probe_answered, kinds
+    assert results[-1].stats.jumps >= 1 and all(confirmations)
+    assert [r.text for r in results] == [expected] * 3
+
+
+async def test_side_branches_sent_before_the_chat_probe_answered_are_never_taken_unconfirmed(monkeypatch):
+    """Where the probe does not see the stored form work again, no side
+    branch is jumped onto: the turn's text is the main stream's, the plain
+    call's."""
+    costs = PRESETS["hosted"]
+    sim = SimulatedTarget.preset("hosted", replay=True, decode_s=costs.decode_s / 5, rtt_s=costs.rtt_s / 5)
+    prompt = bench_prompt("rename-js")
+    for _ in range(2):  # a profile that knows the server's costs and chat form
+        async with client(sim) as c:
+            await c.chat(prompt.messages, max_tokens=prompt.max_tokens)
+
+    async def refused(self) -> bool:
+        return False
+
+    monkeypatch.setattr(ChatTurn, "side_confirmed", refused)
+    first = len(sim.requests)
+    async with client(sim) as c:
+        result = await c.chat(prompt.messages, max_tokens=prompt.max_tokens)
+    branches = [r for r in sim.requests[first:] if r["messages"][-1]["role"] == "assistant" and "Count from 1 to 40" not in str(r["messages"][-2:])]
+    assert branches and result.stats.jumps == 0
+    assert result.text.encode() == b"".join(RECORDINGS["rename-js"].tokens)
 
 
 async def test_the_server_queue_is_noticed_when_the_batch_probe_missed_it():

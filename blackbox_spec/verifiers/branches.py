@@ -131,6 +131,7 @@ class Branch:
     sent_at: float = 0.0  # when its request went out (``Streams.start``)
     prompt: str = ""
     max_tokens: int = 0
+    side: bool = False  # opened as a side branch (a chat turn may send it before its probe answers)
 
 
 class Streams:
@@ -156,9 +157,9 @@ class Streams:
         # (``Policy.observe_branches``), not the price of a wider step.
         self.speaking = 0
 
-    def open(self, prompt: str, at: int, max_tokens: int, *, start: bool = True) -> Branch:
+    def open(self, prompt: str, at: int, max_tokens: int, *, start: bool = True, side: bool = False) -> Branch:
         """A new stream of ``prompt``; ``start=False`` keeps it for :meth:`start`."""
-        branch = Branch(at, prompt=prompt, max_tokens=max_tokens)
+        branch = Branch(at, prompt=prompt, max_tokens=max_tokens, side=side)
         self.branches.append(branch)
         if start:
             self.start(branch)
@@ -168,8 +169,9 @@ class Streams:
         async def pump() -> None:
             last: float | None = None
             last_width = 0
+            stream = getattr(self.api, "side_stream", self.api.stream) if branch.side else self.api.stream
             try:
-                async for item in self.api.stream(branch.prompt, max_tokens=branch.max_tokens, logprobs=1):
+                async for item in stream(branch.prompt, max_tokens=branch.max_tokens, logprobs=1):
                     now = time.perf_counter()
                     if isinstance(item, StreamPiece) and item.tokens:
                         if not branch.tokens_seen and branch.alive:
