@@ -14,17 +14,17 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import aclosing
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import AsyncIterator, Callable, Sequence
 
 import httpx
 
 from ._cancel import cancel_once, in_own_task
-from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetError, TargetHTTPError, TargetResponseError
+from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetError, TargetHTTPError
 from ._stats import GenerationResult, GenerationStats
 from ._retry import RetryPolicy
 from ._stopping import DEFAULT_RULE, RULES, single_stop_rule
-from ._target import StreamPiece, TargetAPI, resolve_settings
+from ._target import TargetAPI, resolve_settings
 from ._tokens import AlignmentError
 from .chat import ChatSupport, ChatTurn, ContinueCheck, check_messages, probe_chat, probe_predictions
 from .drafters import Drafter, DrafterFactory, SessionIndex, drafter_factory
@@ -33,40 +33,12 @@ from ._output import Output
 from ._plain import decode_plainly_from_start
 from .orchestrator import speculate
 from .policy import Policy, ServerCosts
+from .server_probe import BATCH_PROBE_WIDTH, PROBE_PROMPTS, REFUSALS, Capabilities, probe_server  # noqa: F401 (tests and callers import them here)
 from .probe import STOP_PROBE_PROMPT, probe_stop_rule
 from .profile import LOADED_WEIGHT, PROFILE_MODES, ProfileStore
 from .verifiers import EchoVerifier, FanoutVerifier
-from .verifiers.branches import LiveText
 
 STRATEGIES = ("auto", "echo", "fanout", "plain")
-# The batch probe: this many small calls at once against one alone.
-BATCH_PROBE_WIDTH = 8
-BATCH_PROBE_TOKENS = 8
-BATCH_PROBE_PROMPT = "Hello"  # (tests tell probes by it)
-# The echo probe's second call: an echo's cost grows with the context it
-# re-reads, and one 1-token call can't tell how fast.  Priced from the prior
-# (prefill an eighth of a decoding step a token), a GPU-like server's echo
-# round over 500 tokens looked like 0.9 s where it took 0.06 s, and a fresh
-# process never tried one (issue 39).  ~120 tokens: cheap on a GPU server,
-# a second or two once per server on a CPU one (then kept in the profile).
-ECHO_PROBE_PROMPT = BATCH_PROBE_PROMPT + " world" * 120
-PROBE_PROMPTS = (BATCH_PROBE_PROMPT, ECHO_PROBE_PROMPT)  # (tests tell the client's probes by them)
-MIN_TIMED_S = 0.02  # calls quicker than this time the client, not the server
-BATCH_PROBE_PATIENCE = 3.0  # the 8 calls at once may take this many times one alone
-_REFUSALS = (400, 422, 501)
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What the server offers for verification, learned by one probe."""
-
-    echo: bool
-    logprobs: bool
-    round_trip_s: float
-    # The probe's own answer was placed over its text by its token strings
-    # (``_tokens.align_tokens``): False where they don't fit (a convention
-    # the aligner does not know), and nothing is speculated on them.
-    token_strings_fit: bool = True
 
 
 class GenerationStream:
@@ -250,7 +222,7 @@ class SpecClient:
         async with self._probing:
             self._open_profile()
             if self.capabilities is None:
-                self.capabilities = await self._probe()
+                self.capabilities, self.costs = await probe_server(self.api)
                 if self.profiles.profile is not None:
                     self.profiles.profile.probed_at = time.time()
                 self._keep_profile()
@@ -269,7 +241,7 @@ class SpecClient:
         except AlignmentError:
             pass  # (the answer said who answers before its token strings were read; a generation copes with them)
         except TargetHTTPError as exc:
-            if exc.status_code not in _REFUSALS:
+            if exc.status_code not in REFUSALS:
                 raise
             self.capabilities = self.costs = None
             self.profiles.loaded = False
@@ -412,97 +384,6 @@ class SpecClient:
             stats.stop_rule = out.stop_rule
         elif out.stop:
             out.use_stop_rule(self.stop_rule if self.stop_rule_learned else single_stop_rule(self.api.server_kind))
-
-    async def _probe(self) -> Capabilities:
-        """Two rounds of small calls: a plain one and an echo one at once,
-        then (with logprobs) 8 copies of the plain one at once, whose time
-        against the one alone says what a batch costs here: about 1 on a
-        GPU server, about 8 where requests run one at a time.  Side branches
-        are priced by it (``ServerCosts.batch_ratio``)."""
-        plain_call, echo_call = await asyncio.gather(self._probe_plain(), self._probe_echo(), return_exceptions=True)
-        for outcome in (plain_call, echo_call):
-            if isinstance(outcome, BaseException):
-                raise outcome
-        (first_s, per_token_s, alone_s), (logprobs, fit) = plain_call  # type: ignore[misc]
-        echo, echo_s, echo_sizes = echo_call  # type: ignore[misc]
-        self.costs = ServerCosts(first_s, echo_s)
-        if echo_sizes:
-            _seed_echo_cost(self.costs, echo_sizes)
-        if per_token_s is not None:
-            self.costs.stream.per_token = per_token_s
-        if logprobs and fit:
-            await self._probe_batch(self.costs, alone_s)
-        return Capabilities(echo=echo, logprobs=logprobs, round_trip_s=first_s, token_strings_fit=fit)
-
-    async def _probe_plain(self) -> tuple[tuple[float, float | None, float], tuple[bool, bool]]:
-        """A small plain stream with logprobs: ((first-token latency,
-        seconds per token after it, seconds in all), (whether logprobs came,
-        whether their token strings fit the text))."""
-        try:
-            return await self._timed_stream(logprobs=1)
-        except TargetHTTPError as exc:
-            if exc.status_code not in _REFUSALS:
-                raise
-            return await self._timed_stream(logprobs=None)
-
-    async def _timed_stream(self, logprobs: int | None) -> tuple[tuple[float, float | None, float], tuple[bool, bool]]:
-        started = time.perf_counter()
-        first, pieces, listed = None, 0, False
-        live, fit = LiveText(), True  # token strings are trusted once they are seen to fit the text
-        async with aclosing(self.api.stream(BATCH_PROBE_PROMPT, max_tokens=BATCH_PROBE_TOKENS, logprobs=logprobs)) as items:
-            async for item in items:
-                if isinstance(item, StreamPiece):
-                    first = time.perf_counter() if first is None else first
-                    pieces += 1
-                    listed = listed or bool(item.tokens)
-                    if fit and item.tokens is not None:
-                        try:
-                            live.consume(live.feed(item))
-                        except AlignmentError:
-                            fit = False
-        done = time.perf_counter()
-        first = first or done
-        per_token = (done - first) / (pieces - 1) if pieces > 2 else None
-        return (first - started, per_token, done - started), (listed, fit)
-
-    async def _probe_echo(self) -> tuple[bool, float | None, list[tuple[int, float]]]:
-        """Whether echo is offered, one small echo call's seconds, and
-        (context tokens, seconds) of it and a longer one (``ECHO_PROBE_PROMPT``)."""
-        try:
-            echoed = await self.api.complete(BATCH_PROBE_PROMPT, max_tokens=1, logprobs=1, echo=True)
-        except TargetHTTPError as exc:
-            if exc.status_code not in _REFUSALS:
-                raise
-            return False, None, []
-        except TargetResponseError:
-            return False, None, []
-        offered = echoed.echoed and bool(echoed.prompt_units)
-        sizes = [(echoed.usage.prompt_tokens, echoed.elapsed)]
-        if offered:
-            try:
-                longer = await self.api.complete(ECHO_PROBE_PROMPT, max_tokens=1, logprobs=1, echo=True)
-                sizes.append((longer.usage.prompt_tokens, longer.elapsed))
-            except TargetError:
-                pass  # (only the echo cost's slope is lost: the prior stays)
-        return offered, echoed.elapsed, sizes if offered and len(sizes) == 2 and all(n > 0 for n, _ in sizes) else []
-
-    async def _probe_batch(self, costs: ServerCosts, alone_s: float, width: int = BATCH_PROBE_WIDTH) -> None:
-        """``width`` copies of the plain probe at once, against it alone (a
-        probe that fails, a rate limit say, only leaves the prior; so does a
-        call too quick to time, where the client's own work would be measured)."""
-        if alone_s < MIN_TIMED_S:
-            return
-        started = time.perf_counter()
-        calls = [asyncio.ensure_future(self.api.complete(BATCH_PROBE_PROMPT, max_tokens=BATCH_PROBE_TOKENS)) for _ in range(width)]
-        # Past a few times one call's time the answer is known (a server that
-        # runs them in turn): the rest are cancelled, not waited for.
-        done, pending = await asyncio.wait(calls, timeout=BATCH_PROBE_PATIENCE * alone_s)
-        for call in pending:
-            call.cancel()
-        await asyncio.gather(*calls, return_exceptions=True)
-        if any(c.exception() for c in done):
-            return  # (a rate limit, say: the prior stays)
-        costs.batch_ratio[width] = float(width) if pending else max(1.0, (time.perf_counter() - started) / max(1e-3, alone_s))
 
     # -- generation ---------------------------------------------------------------
 
@@ -728,7 +609,7 @@ class SpecClient:
             except TargetHTTPError as exc:
                 # A first request refused before any text, with the probe still
                 # out: the stored profile is stale (logprobs no longer offered?).
-                if turn.pending is None or out.text or out.tokens or exc.status_code not in _REFUSALS:
+                if turn.pending is None or out.text or out.tokens or exc.status_code not in REFUSALS:
                     raise
                 support = await turn.pending
                 stats.note(f"the chat endpoint refused the first request ({exc}); {support.reason or 'retrying'}: decoding the chat turn plainly")
@@ -832,15 +713,3 @@ def _check_arguments(prompt: object, max_tokens: object, stop: object) -> list[s
     if not all(isinstance(s, str) and s for s in stops):
         raise ConfigurationError("stop sequences must be non-empty strings")
     return stops or None
-
-
-def _seed_echo_cost(costs: ServerCosts, sizes: list[tuple[int, float]]) -> None:
-    """The echo probe's two calls, as the echo cost's first measurements: a
-    context that took no longer to echo (timing noise on a fast server)
-    leaves a tiny slope, never the prior's."""
-    (n1, s1), (n2, s2) = sorted(sizes)
-    for n, seconds in sizes:
-        costs.echo.add(n, seconds)
-    if n2 > n1 and s2 <= s1:
-        costs.echo.per_token = 1e-6
-        costs.echo.fixed = max(s1, s2)

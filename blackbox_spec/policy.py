@@ -250,6 +250,10 @@ class ServerCosts:
         # took as many steps as it holds tokens is a server (or a proxy)
         # that buffers its stream, and side branches still pay there.
         self.chunk_s = [0.0, 0, 0.0, 0, 0]
+        # What the client's burst probe saw (``server_probe.bursts_seen``):
+        # a text that repeats itself came several tokens a chunk, a plain
+        # one a token a chunk.  None: it could not tell.
+        self.probed_bursts: bool | None = None
         # The drafter's own cost, against what its drafts saved (per client).
         self.drafting = DraftBudget()
         # How drafts held in the last generation (``Policy.remember``).
@@ -269,7 +273,7 @@ class ServerCosts:
             "step": {str(w): s for w, s in self.step.items()},
             "batch_ratio": {str(w): r for w, r in self.batch_ratio.items()},
             "chunks": list(self.chunks), "chunk_s": list(self.chunk_s),
-        } | ({"branch_s": self.branch_s} if self.branch_s is not None else {})
+        } | ({"branch_s": self.branch_s} if self.branch_s is not None else {}) | ({"probed_bursts": self.probed_bursts} if self.probed_bursts is not None else {})
 
     @classmethod
     def from_dict(cls, data: dict, weight: float = 0.5) -> "ServerCosts":
@@ -285,6 +289,8 @@ class ServerCosts:
             costs.chunk_s = [float(chunk_s[0]) * weight, int(chunk_s[1] * weight), float(chunk_s[2]) * weight, int(chunk_s[3] * weight), int(chunk_s[4] * weight)]
         branch_s = data.get("branch_s")
         costs.branch_s = float(branch_s) if isinstance(branch_s, (int, float)) and branch_s >= 0 else None
+        bursts = data.get("probed_bursts")
+        costs.probed_bursts = bursts if isinstance(bursts, bool) else None
         return costs
 
     def branch_seconds(self) -> float:
@@ -338,8 +344,13 @@ class ServerCosts:
 
     @property
     def speculates(self) -> bool:
-        """Does the server speculate itself?  (A lone stream's chunks often
-        carry several tokens: one step's accepted draft.)"""
+        """Does the server speculate itself?  (The probe saw it, or a lone
+        stream's chunks often carry several tokens: one step's accepted
+        draft.)  The probe's word is kept against later chunks: on text its
+        drafts miss, such a server streams a token a chunk, yet each side
+        branch still costs it its drafts' verification."""
+        if self.probed_bursts:
+            return True
         several, seen = self.chunks
         if not (seen >= 10 and several > 0.2 * seen):
             return False

@@ -35,15 +35,15 @@ async def test_a_fresh_client_starts_from_what_an_earlier_one_saved():
     sim = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.005)
     first, _ = await generate(sim)
     assert first.stats.server_profile == "probed"
-    assert probes(sim) == 3 + BATCH_PROBE_WIDTH + 2  # capabilities (a plain call, two echoes), batch cost, stop rule
+    assert probes(sim) == 3 + BATCH_PROBE_WIDTH + 1 + 2  # capabilities (a plain call, two echoes), batch cost and bursts, stop rule
     stored = load_profile(URL, sim.model_name)
-    assert stored is not None and stored.capabilities["echo"] and stored.costs["batch_ratio"]
+    assert stored is not None and stored.capabilities["echo"] and stored.costs["batch_ratio"] and stored.costs["probed_bursts"] is False
     assert stored.generations == 1
 
     second, client = await generate(sim)
     # Costs and capabilities come from the profile; what exactness rests on
     # is learned again: the server's kind (1 call), its stop rule (2 calls).
-    assert probes(sim) == 3 + BATCH_PROBE_WIDTH + 2 + 1 + 2
+    assert probes(sim) == 3 + BATCH_PROBE_WIDTH + 1 + 2 + 1 + 2
     assert second.stats.server_profile == "stored" and second.text == first.text
     assert load_profile(URL, sim.model_name).generations == 2
 

@@ -290,6 +290,40 @@ class FakeModel:
         return st
 
 
+def _ngram_draft(context: list[int], k: int) -> list[int]:
+    """Prompt lookup as vLLM's n-gram does it: the tokens after the latest
+    earlier occurrence of the context's last 4 (else 3, else 2) tokens."""
+    for n in (4, 3, 2):
+        if len(context) <= n:
+            continue
+        tail = context[-n:]
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start : start + n] == tail:
+                return context[start + n : start + n + k]
+    return []
+
+
+def _merged_steps(chunks: list[dict], runs: list[int]) -> list[dict]:
+    """Per-token stream chunks joined into one per step (``runs``: tokens
+    per step): their texts and logprobs lists concatenated."""
+    merged, k = [], 0
+    for run in runs:
+        group = chunks[k : k + run]
+        k += run
+        if not group:
+            break
+        first = json.loads(json.dumps(group[0]))
+        choice = first["choices"][0]
+        for chunk in group[1:]:
+            other = chunk["choices"][0]
+            choice["text"] += other["text"]
+            for key, values in (other.get("logprobs") or {}).items():
+                if isinstance(values, list):
+                    choice["logprobs"][key] = choice["logprobs"][key] + values
+        merged.append(first)
+    return merged + chunks[k:]
+
+
 def _valid_whole(raw: bytes) -> bool:
     try:
         raw.decode("utf-8")
@@ -366,6 +400,11 @@ class FakeTarget:
     # OpenAI's Predicted Outputs: usage reports the predicted tokens the
     # answer kept and the rest (self-hosted servers ignore ``prediction``).
     predicted_outputs: bool = False
+    # A server that speculates on its own, as vLLM's n-gram does: each step
+    # drafts up to this many tokens from the context (its latest earlier
+    # match of the last 2 to 4 tokens) and a streamed completion with
+    # logprobs sends the step's accepted tokens in one chunk.  0: none.
+    speculates: int = 0
     # How logprobs show tokens that split characters (``forms.FORMS``:
     # "vllm-legacy", "vllm" for vLLM 0.32, "vllm-0.10", "openai",
     # "token-id", "llama"),
@@ -842,6 +881,8 @@ class FakeTarget:
                 if self.token_form == "llama" and self.timings_per_token and body.get("timings_per_token"):
                     chunks[-1]["timings"] = {"predicted_n": last + 1}
                 sent = visible
+        if self.speculates and with_logprobs and not content_format and self.token_form != "llama":
+            chunks = _merged_steps(chunks, self._accepted_runs(prompt_ids or [], answer.ids))
         if len(final) > len(sent):
             chunks.append(self._chunk(final[len(sent) :], None))
         last_chunk = self._chunk("", answer.finish)
@@ -849,6 +890,22 @@ class FakeTarget:
             last_chunk["usage"] = usage
         chunks.append(last_chunk)
         return chunks
+
+    def _accepted_runs(self, prompt_ids: list[int], ids: list[int]) -> list[int]:
+        """How many of ``ids`` each step of a self-speculating server sends:
+        the first alone (prefill), then each step its draft's accepted
+        tokens plus its own."""
+        runs, i = [1], 1
+        while i < len(ids):
+            context = prompt_ids + ids[:i]
+            draft = _ngram_draft(context, self.speculates)
+            accepted = 0
+            while accepted < len(draft) and i + accepted < len(ids) and draft[accepted] == ids[i + accepted]:
+                accepted += 1
+            step = min(accepted + 1, len(ids) - i)
+            runs.append(step)
+            i += step
+        return runs
 
     def _chunk(self, text: str, finish: str | None, logprobs: dict | None = None) -> dict:
         chunk = {"id": "cmpl-fake", "object": "text_completion", "model": self.model_name,
