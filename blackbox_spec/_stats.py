@@ -39,6 +39,9 @@ class GenerationStats:
     prompt_tokens_billed: int = 0
     completion_tokens_billed: int = 0
     wall_s: float = 0.0
+    # Seconds from the call to the first text (time to first token); None
+    # where no text came.
+    first_text_s: float | None = None
     # What plain decoding of this output would take on this server, from the
     # decode rate measured in this run (None where it was not measured).
     plain_estimate_s: float | None = None
@@ -120,6 +123,8 @@ class GenerationStats:
         data["speedup_estimate"] = None if estimate is None else round(estimate, 2)
         if self.plain_estimate_s is not None:
             data["plain_estimate_s"] = round(self.plain_estimate_s, 4)
+        if self.first_text_s is not None:
+            data["first_text_s"] = round(self.first_text_s, 4)
         for key in ("wall_s", "draft_s", "verify_s"):
             data[key] = round(data[key], 4)
         return data

@@ -841,6 +841,14 @@ async def _bench(args: argparse.Namespace) -> int:
         base_url, model, transport = f"http://sim-{args.sim}/v1", "sim", sim.transport()
         info = {"name": f"sim-{args.sim}", "model": "replay of " + sim.model.name, "costs": asdict(sim.costs)}
         oracle, received = sim_oracle(sim), sim.prompt_tokens_received
+    else:
+        from .bench.oracle import recorded_oracle
+        from .testing.sim import load_recordings
+
+        # On a real server: the oracle where an answer is a recorded one (the
+        # real edits, recorded from Qwen2.5-Coder-1.5B fp32), at the costs
+        # each plain run measured.
+        oracle = recorded_oracle(load_recordings())
     if args.server:
         server = _start(args.server, args.server_model, dtype=args.server_dtype)
         base_url, model = server.base_url, server.model

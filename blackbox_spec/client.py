@@ -493,6 +493,8 @@ class SpecClient:
             # aclosing: an early close reaches the innermost stream at once.
             async with aclosing(source) as pieces:
                 async for piece in pieces:
+                    if piece and stats.first_text_s is None:
+                        stats.first_text_s = time.perf_counter() - started
                     result.text += piece
                     yield piece
         except BlackboxSpecError as exc:

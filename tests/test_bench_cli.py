@@ -272,3 +272,29 @@ def test_every_timed_run_meets_the_prompt_already_in_the_servers_prefix_cache():
         calls = [r for r in sim.requests if r.get("prompt", "").startswith(p.text) and "Hello" not in r.get("prompt", "")]
         assert calls[0]["prompt"] == p.text and calls[0]["max_tokens"] == 1, calls[0]
         assert sum(1 for r in calls if r["max_tokens"] == 1 and r["prompt"] == p.text) == 1
+
+
+def test_on_a_real_server_the_oracle_is_priced_at_what_plain_measured():
+    """Where the bench cannot know the server's costs (a real one), each
+    plain run measures them: its decoding step, its time to the first text
+    (the prompt cached), and the untimed warm-up's cold prompt.  Behind a
+    simulated server whose costs are known, that gives the known oracle."""
+    import asyncio
+
+    from blackbox_spec.bench.oracle import recorded_oracle, sim_oracle
+    from blackbox_spec.bench.runner import run_bench
+    from blackbox_spec.bench.workloads import prompts
+    from blackbox_spec.testing.sim import SimulatedTarget, load_recordings
+
+    sim = SimulatedTarget.preset("gpu", replay=True, model_name="sim", decode_s=0.01, rtt_s=0.02)
+    (prompt,) = prompts(["real-edit"], ["r-ci-yaml"])
+    report = asyncio.run(run_bench(base_url="http://sim/v1", model="sim", api_key=None, prompts=[prompt], configs=[],
+                                   repeats=1, max_tokens=80, transport=sim.transport(), oracle=recorded_oracle(load_recordings())))
+    (plain,) = report.cells
+    measured, known = plain.oracle, sim_oracle(sim)(prompt, plain.text)
+    assert measured is not None and known is not None
+    assert measured["costs"]["step_s"] == pytest.approx(known["costs"]["step_s"], rel=0.3)
+    assert measured["costs"]["request_s"] == pytest.approx(known["costs"]["request_s"], rel=0.5)
+    assert measured["speedup"] == pytest.approx(known["speedup"], rel=0.3) and measured["speedup"] > 1.5
+    # An answer that is no recording's (another model) has no oracle.
+    assert recorded_oracle(load_recordings())(prompt, plain.text + "!", None) is None

