@@ -35,7 +35,7 @@ from ._target import StreamEnd, StreamPiece, TargetAPI, Usage
 from ._tokens import OPAQUE, AlignmentError, Unit, count_tokens, mark_inexact, risky_boundary, with_last_bytes
 from .drafters.base import Drafter
 from .policy import Policy
-from .verifiers.base import Verifier
+from .verifiers.base import Verdict, Verifier
 from .verifiers.branches import Branch, Streams, draft_agreement, reached, side_left_draft
 from .verifiers.fanout import likely_boundaries
 from .verifiers.echo import EchoUnsupported
@@ -144,8 +144,9 @@ async def _rounds(
         plan = policy.plan(draft, match, plain_next=plain_next, remaining=out.remaining)
         plain_next = False
         # The call sends the prompt and the text back: only while they
-        # tokenize as the target wrote them (``_canon``).
-        if not await canon.holds(out.text, out.tokens if out.exact else None):
+        # tokenize as the target wrote them (``_canon``).  An echo round
+        # answers that itself, from the tokens it echoes (step 4).
+        if plan.strategy != "echo" and not await canon.holds(out.text, out.tokens if out.exact else None):
             async with aclosing(go_plain(api, policy, out, stats, canon.note)) as pieces:
                 async for piece in pieces:
                     yield piece
@@ -174,11 +175,13 @@ async def _rounds(
             continue
 
         # 4. Accept the confirmed prefix, within max_tokens and stop strings,
-        #    once it too tokenizes as written: the calls past the first sent
-        #    draft text right after the context.
+        #    once the text it was sent after, and it too, tokenize as written:
+        #    the calls past the first sent draft text right after the context.
+        #    (After an echo round its own tokens say so for the text it was
+        #    sent, and the next echo round's for the new text.)
         new_text, new_tokens = "".join(u.text for u in verdict.units), count_tokens(verdict.units)
         exact = out.exact and all(u.exact for u in verdict.units)
-        if not await canon.holds(out.text + new_text, out.tokens + new_tokens if exact else None):
+        if not await _sent_as_written(canon, out, plan.strategy, verdict, new_text, new_tokens if exact else None):
             async with aclosing(go_plain(api, policy, out, stats, canon.note)) as pieces:
                 async for piece in pieces:
                     yield piece
@@ -216,6 +219,18 @@ async def _rounds(
         plain_next = verdict.plain_next
         if not verdict.units and not verdict.eos:
             plain_next = True
+
+
+async def _sent_as_written(canon: Canon, out: Output, strategy: str, verdict: Verdict, new_text: str, new_tokens: int | None) -> bool:
+    """Step 4's check: did the text the round was sent after tokenize as
+    written (an echo round's own tokens answer; else the tokenizer is
+    asked), and will the accepted text too?  An echo round leaves the
+    latter to the next round's echo, or to step 2 before any other call."""
+    written = out.tokens if out.exact else None
+    if strategy != "echo":
+        return await canon.holds(out.text + new_text, None if new_tokens is None or written is None else written + new_tokens)
+    held = canon.confirm(out.text, written, verdict.context_units)
+    return held if held is not None else await canon.holds(out.text, written)
 
 
 COUNT_NOTE = ("the text ended at max_tokens by a count of the server's token strings that its tokenizer does not confirm: "
@@ -277,6 +292,7 @@ class BranchedStream:
         self.hunch: tuple[int, str] = (0, "")  # the last draft proposed, and where
         self.silent = 0  # branches reached before they said anything, long after they were sent
         self.paused_noted = False
+        self.unchecked: tuple[str, int | None] | None = None  # (text, tokens) a group was opened at, not yet checked
 
     async def run(self) -> AsyncIterator[str]:
         out = self.out
@@ -539,9 +555,9 @@ class BranchedStream:
         plan = policy.branches(proposal, match, remaining=out.remaining) if held else None
         if policy.costs.speculates:
             self.stats.note("the server speculates itself (its stream sends several tokens a step): no side branches; echo rounds only where they pay")
-        if plan is not None and not await self.canon.holds(out.text, out.tokens if out.exact else None):
-            # Branches would send this text back, and it does not tokenize
-            # as written: this stream goes on alone (it never sends it).
+        if plan is not None and not await self.sent_texts_held():
+            # Branches would send text back that does not tokenize as
+            # written: this stream goes on alone.
             policy.stop_speculating()
             self.stats.note(self.canon.note)
             return False
@@ -582,8 +598,20 @@ class BranchedStream:
             if offsets:
                 self.open_group(proposal, offsets, kind)
 
+    async def sent_texts_held(self) -> bool:
+        """Did the text the last group was opened at tokenize as written?
+        Asked when it was opened, read before the next one opens: by then
+        the answer has come, and the main stream never waits for the
+        tokenizer (waiting before each group took 4% of a GPU-like server's
+        time).  A branch is checked where it is reached (``jump``), so a
+        group from such text costs only its requests, and only one is sent."""
+        sent, self.unchecked = self.unchecked, None
+        return await self.canon.holds(*sent) if sent is not None else self.canon.broken is None
+
     def open_group(self, proposal: str, offsets: list[int], kind: str) -> None:
         out = self.out
+        self.unchecked = (out.text, out.tokens if out.exact else None)
+        self.canon.prefetch(out.text)
         self.draft, self.draft_at, self.kind = proposal[: offsets[-1]], len(out.text), kind
         self.deferred = []
         # The first few branches and the farthest start now; the ones between

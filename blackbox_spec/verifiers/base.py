@@ -38,6 +38,9 @@ class Verdict:
     eos: bool = False
     plain_next: bool = False
     off_path: bool = False
+    # An echo round's tokens for the context it was sent (``Canon.confirm``);
+    # None where it did not say.
+    context_units: list[Unit] | None = None
     calls: int = 0
     cancelled: int = 0
     usage: Usage = field(default_factory=Usage)

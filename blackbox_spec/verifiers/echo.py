@@ -48,6 +48,7 @@ class EchoVerifier:
             verdict.plain_next = True
             verdict.seconds = time.perf_counter() - started
             return verdict
+        verdict.context_units = c.prompt_units[:draft_start]
         drafted = [u for u in c.prompt_units[draft_start:] if not u.special]
         verdict.proposed_units = len(drafted)
         for unit in drafted:
