@@ -53,8 +53,8 @@ if os.environ.get("DECISIONS"):
         best = max((g/(s+self.costs.stream.fixed) for g,s,_ in opts), default=0)
         DEC.append(f"{time.perf_counter()*1000 % 100000:9.1f} interrupt={r} kind={self.kind(match)} draft={len(draft)} echo_rate={best:.0f} bar={self.echo_bar(draft, match, remaining) if draft else 0:.0f} ctx={self.context_tokens:.0f} step1={self.costs.per_token()*1000:.1f}ms echo={self.costs.echo_seconds(self.context_tokens)*1000:.1f}ms obs={self.costs.stream.observed}")
         return r
-    def _b(self, draft, match, *, remaining):
-        r = _br(self, draft, match, remaining=remaining)
+    def _b(self, draft, match, *, remaining, **kw):
+        r = _br(self, draft, match, remaining=remaining, **kw)
         if r is not None: DEC.append(f"{time.perf_counter()*1000 % 100000:9.1f} BRANCHES {r.width}x{r.segment_chars} kind={self.kind(match)} draft={len(draft)} tps={self.outlook.tokens_per_s:.0f}")
         return r
     P.Policy.interrupt, P.Policy.branches = _i, _b
