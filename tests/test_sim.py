@@ -94,6 +94,33 @@ async def test_a_closed_stream_gives_its_slot_back():
     assert sim.counts["peak_running"] == 1 and sim.counts["requests"] == 2
 
 
+async def test_the_fakes_own_compute_counts_against_the_modelled_prefill(monkeypatch):
+    """The fake computes the whole answer (and an echo's logprobs at every
+    prompt position) in Python before it paces anything.  That is the
+    server's work: a request takes its modelled cost, not the model plus the
+    fake's CPU (which made the gpu preset's echo rounds ~50% dearer than its
+    model, issue 39).  Prefill modelled at 0.1 s here, the fake's work 0.08 s."""
+    sim = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.001, prefill_s=0.001)
+    prompt = " ".join(["word"] * 120)
+    tokens = len(sim.tokenizer.encode(prompt))
+    dispatch = sim._dispatch
+
+    def slow_dispatch(*args):
+        time.sleep(0.08)
+        return dispatch(*args)
+
+    monkeypatch.setattr(sim, "_dispatch", slow_dispatch)
+    async with httpx.AsyncClient(transport=sim.transport(), base_url="http://sim") as http:
+        started = time.perf_counter()
+        response = await http.post("/v1/completions", json={"model": sim.model_name, "prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": 1})
+        elapsed = time.perf_counter() - started
+    assert response.status_code == 200
+    modelled = tokens * 0.001
+    assert modelled >= 0.1
+    # (Without the credit: 0.08 s more than the model, at least.)
+    assert modelled - 0.005 <= elapsed < modelled + 0.07, (elapsed, modelled)
+
+
 @pytest.mark.parametrize("preset", list(PRESETS))
 @pytest.mark.parametrize("name", ["rename-js", "story"])
 async def test_speculation_is_exact_on_every_simulated_server(preset, name, capsys):
