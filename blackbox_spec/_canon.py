@@ -38,6 +38,11 @@ NOTE = ("the text sent back would not tokenize as the target wrote it ({why}): e
 FAILED_NOTE = "the server's tokenizer failed ({why}), so the text sent back could not be checked: the rest is the plain call's"
 
 
+# Characters past the prompt's end after which no token can reach back
+# across it (Qwen2.5's longest merges of code and prose are ~16 characters).
+BOUNDARY_REACH = 32
+
+
 class Canon:
     """Checks, for one generation, that the text sent back tokenizes as written."""
 
@@ -50,6 +55,7 @@ class Canon:
         self.broken: str | None = None  # why the text is not the target's own tokens
         self.failed: str | None = None  # why it could not be checked (the tokenizer failed)
         self.asks = 0
+        self.shown_apart: str | None = None  # the longest text an echo round's tokens showed apart from the prompt (``confirm``)
         # Questions asked ahead (``prefetch``), by text ("" is the prompt alone).
         self._asked: dict[str, asyncio.Future] = {}
 
@@ -97,8 +103,9 @@ class Canon:
             return False
         self.asks += 1
         if now is None:
-            # No tokenizer to ask: only the prompt's end can be judged.
-            if risky_boundary(self.prompt, text):
+            # No tokenizer to ask: only the prompt's end can be judged (unless
+            # an echo round's own tokens already showed it: ``confirm``).
+            if risky_boundary(self.prompt, text) and not self._boundary_shown(text):
                 self.broken = "the prompt's end and the text could become one token"
         elif now[: self.prompt_tokens] != self.seen:
             self.broken = "the prompt's end and the text become one token"
@@ -125,7 +132,16 @@ class Canon:
         self.broken = tokenized_apart(units, len(self.prompt), len(self.prompt) + len(text), tokens)
         if self.broken is None:
             self.checked = text
+            if len(text) > len(self.shown_apart or ""):
+                self.shown_apart = text
         return self.broken is None
+
+    def _boundary_shown(self, text: str) -> bool:
+        """Did a server's own tokens show the prompt's end kept apart from
+        the start of ``text``?  (Over a head long enough that what follows
+        it cannot reach back across the prompt's end: no token is that long.)"""
+        head = self.shown_apart
+        return head is not None and len(head) >= BOUNDARY_REACH and text.startswith(head)
 
     async def _ask_both(self, text: str) -> list[int] | None:
         """The server's tokens for ``prompt + text`` (the prompt's own learned

@@ -149,6 +149,37 @@ def test_risky_boundaries_without_a_tokenizer():
     assert risky_boundary("x", ".") is False
 
 
+def test_an_echo_rounds_tokens_settle_the_prompts_end_where_no_tokenizer_can():
+    """Without /tokenize, text after a prompt whose end might merge with it
+    ("x = " + "1") is judged by its characters: not sent back.  An echo round
+    that shows the server's own tokens kept them apart settles it for every
+    later text that begins with what it showed (once that is long enough
+    that nothing after it reaches back across the prompt's end)."""
+    from blackbox_spec._canon import BOUNDARY_REACH, Canon
+    from blackbox_spec._tokens import Unit
+
+    prompt = "x = "
+    head = "1 + 2 + 3 + 4 + 5 + 6 + 7 + 8 + 9 + 10"
+    assert len(head) >= BOUNDARY_REACH
+
+    def split(text: str) -> list[Unit]:  # prompt as one token, then one token a character
+        return [Unit(prompt, 1, 0)] + [Unit(c, 1, len(prompt) + i) for i, c in enumerate(text)]
+
+    def canon() -> Canon:
+        return Canon(object(), prompt)  # (a target with no tokenizer)
+
+    assert asyncio.run(canon().holds(head + " + 11", None)) is False  # by characters alone
+    shown = canon()
+    assert shown.confirm(head, len(head), split(head)) is True
+    assert asyncio.run(shown.holds(head + " + 11", None)) is True
+    short = canon()
+    assert short.confirm("1 + 2", 5, split("1 + 2")) is True
+    assert asyncio.run(short.holds("1 + 2 + 3", None)) is False  # too short a head to settle it
+    merged = canon()
+    assert merged.confirm(head, len(head), [Unit(prompt[:-1], 1, 0), Unit(" 1", 1, len(prompt) - 1)] + split(head)[2:]) is False
+    assert "one token" in merged.broken
+
+
 @pytest.mark.parametrize("detokenize", [True, False])
 def test_token_ids_are_named_by_detokenize_or_kept_whole(detokenize):
     """vLLM --return-tokens-as-token-ids: the probe used to fail on
