@@ -86,8 +86,6 @@ async def decode_plainly(api: TargetAPI, out: Output, stats: GenerationStats, *,
     out.count(end.usage.completion_tokens)
     stats.observe_round("plain-stream", calls=1, cancelled=0, seconds=time.perf_counter() - started)
     stats.output_tokens += end.usage.completion_tokens
-    stats.prompt_tokens_billed += end.usage.prompt_tokens
-    stats.completion_tokens_billed += end.usage.completion_tokens
     if end.finish_reason == "length" and out.finish_reason is None and getattr(api, "server_kind", None) == "llama.cpp":
         await _show_cut_character(api, out, stats, end.usage.completion_tokens - shown_at if counting else None)
     if out.finish_reason is None:
@@ -120,8 +118,6 @@ async def _show_cut_character(api: TargetAPI, out: Output, stats: GenerationStat
         c = await api.complete(out.prompt, max_tokens=out.max_tokens, stop=out.stop)
         rest = c.text[len(out.text):] if c.text.startswith(out.text) else ""
     stats.target_calls += 1
-    stats.prompt_tokens_billed += c.usage.prompt_tokens
-    stats.completion_tokens_billed += c.usage.completion_tokens
     if rest.endswith(OPAQUE) and c.finish_reason == "length":  # (held tokens may hold whole characters before the cut one)
         out.add_text(rest, rendering=True)
 
@@ -261,8 +257,6 @@ async def render_plainly(api: TargetAPI, out: Output, stats: GenerationStats, to
     c = await api.complete(out.context, max_tokens=tokens, stop=out.stop)
     used = c.usage.completion_tokens or tokens
     stats.target_calls += 1
-    stats.prompt_tokens_billed += c.usage.prompt_tokens
-    stats.completion_tokens_billed += c.usage.completion_tokens
     stats.output_tokens += used
     out.count(used)
     out.add_text(c.text, trusted=True, rendering=rendering and c.finish_reason == "length")

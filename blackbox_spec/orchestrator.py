@@ -31,7 +31,7 @@ from ._output import Output, pieces_between
 from ._plain import (cut_tail, decode_plainly, decode_plainly_from_start, decode_without_token_strings, go_plain, recoverable,
                      render_plainly, settle)
 from ._stats import GenerationStats
-from ._target import StreamEnd, StreamPiece, TargetAPI, Usage
+from ._target import StreamEnd, StreamPiece, TargetAPI
 from ._tokens import OPAQUE, AlignmentError, Unit, count_tokens, mark_inexact, risky_boundary, with_last_bytes
 from .drafters.base import Drafter
 from .policy import Policy
@@ -209,7 +209,6 @@ async def _rounds(
             drafted_tokens=verdict.proposed_units, accepted_tokens=sum(u.tokens for u in accepted_draft),
             # The end-of-text token counts as an output token, as servers bill it.
             drafted_chars=len(draft), accepted_chars=draft_chars, output_tokens=sum(u.tokens for u in accepted) + int(ended),
-            usage=verdict.usage,
         )
         stats.trace.append([plan.strategy, len(draft), sum(u.tokens for u in accepted_draft), sum(u.tokens for u in accepted), round(verdict.seconds, 3)])
 
@@ -689,10 +688,6 @@ class BranchedStream:
         self.policy.costs.drafting.observe_elapsed(seconds)
         stats.observe_round("plain", calls=self.streams.opened, cancelled=self.streams.closed, seconds=seconds)
         stats.output_tokens += self.used_tokens
-        if end is not None:
-            stats.prompt_tokens_billed += end.usage.prompt_tokens
-        # Every stream bills what it generated, closed ones included (about).
-        stats.completion_tokens_billed += sum(b.tokens_seen for b in self.streams.branches)
         stats.trace.append(["stream", 0, 0, self.used_tokens, round(seconds, 3)])
         if self.failed is not None:
             raise self.failed
@@ -729,6 +724,6 @@ def _observe_group(policy: Policy, stats: GenerationStats, draft: str, accepted_
     saved_s = produced * policy.costs.per_token() - seconds
     policy.observe_branches(kind, accepted, missed, saved_s=saved_s)
     policy.costs.drafting.observe_saving(saved_s)
-    stats.observe_draft(drafted_tokens=drafted, accepted_tokens=accepted, drafted_chars=len(draft), accepted_chars=accepted_chars, output_tokens=0, usage=Usage())
+    stats.observe_draft(drafted_tokens=drafted, accepted_tokens=accepted, drafted_chars=len(draft), accepted_chars=accepted_chars, output_tokens=0)
     stats.trace.append(["branches", len(draft), accepted, width, round(seconds, 3)])
 

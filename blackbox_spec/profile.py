@@ -93,6 +93,9 @@ class ServerProfile:
     # Whether the server speculates on a Predicted Outputs ``prediction``
     # itself (``chat.probe_predictions``); None: not probed yet.
     predicted_outputs: bool | None = None
+    # The user's prices for this server (``_bill.Price.to_dict``), given once
+    # (``--price``) and used by later runs; kept when the rest is re-measured.
+    price: dict[str, float] | None = None
     generations: int = 0
     probed_at: float = 0.0  # when the client's probe last measured it
     saved_at: float = 0.0
@@ -152,10 +155,11 @@ class ProfileStore:
         if self.profile is not None and self.profile.model == model:
             return self.profile if self.loaded else None
         stored = load_profile(base_url, model) if self.mode == "auto" else None
+        price = stored.price if stored is not None else None
         if stored is not None and time.time() - stored.probed_at > MAX_AGE_S:
-            stored = None  # too old: measured again (and written over)
+            stored = None  # too old: measured again (and written over), its price kept
         self.loaded = stored is not None
-        self.profile = stored or ServerProfile(server_name(base_url), model)
+        self.profile = stored or ServerProfile(server_name(base_url), model, price=price)
         return stored
 
     def save(self, *, force: bool = True) -> None:

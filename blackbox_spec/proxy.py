@@ -50,6 +50,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 import httpx
 
+from ._bill import RELATIVE, Bill, Price
 from ._exceptions import BlackboxSpecError, ConfigurationError, TargetHTTPError, redact, redact_chunks
 from ._stats import GenerationResult, GenerationStats
 from ._target import new_http_client
@@ -201,8 +202,22 @@ class ProxyMetrics:
     wall_s: float = 0.0
     plain_estimate_s: float = 0.0
     estimated_wall_s: float = 0.0  # wall time of the generations that have a plain estimate
+    # What upstream billed for the speculated answers (every request, closed
+    # streams estimated), and what one plain call each would have: the
+    # proxy's cost of speed (``_bill``).  ``cost`` where a price is known.
+    bill: Bill = field(default_factory=Bill)
+    plain_bill: Bill = field(default_factory=Bill)
+    cost: float | None = None
+    plain_cost: float | None = None
 
     def observe(self, stats: GenerationStats) -> None:
+        self.bill.add(stats.bill)
+        plain = stats.plain_bill
+        if plain is not None:
+            self.plain_bill.add(plain)
+        if stats.price is not None and plain is not None:
+            self.cost = (self.cost or 0.0) + stats.price.cost(stats.bill)
+            self.plain_cost = (self.plain_cost or 0.0) + stats.price.cost(plain)
         self.output_tokens += stats.output_tokens
         self.drafted_tokens += stats.drafted_tokens
         self.accepted_tokens += stats.accepted_tokens
@@ -215,6 +230,11 @@ class ProxyMetrics:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["bill"], data["plain_bill"] = self.bill.to_dict(), self.plain_bill.to_dict()
+        relative = Price.parse(RELATIVE)
+        data["bill_vs_plain"] = round(relative.cost(self.bill) / relative.cost(self.plain_bill), 3) if relative.cost(self.plain_bill) else None
+        for key in ("cost", "plain_cost"):
+            data[key] = None if data[key] is None else round(data[key], 8)
         data["acceptance_rate"] = round(self.accepted_tokens / self.drafted_tokens, 4) if self.drafted_tokens else None
         # Every accepted draft token is one sequential decoding step of the
         # target that was not needed.

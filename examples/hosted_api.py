@@ -37,8 +37,7 @@ async def main() -> int:
         return 1
     print(result.text)
     s = result.stats
-    print(f"\n{s.output_tokens} tokens in {s.wall_s:.2f}s, {s.target_calls} calls, {s.retries} retried; billed "
-          f"{s.prompt_tokens_billed} prompt + {s.completion_tokens_billed} completion tokens")
+    print(f"\n{s.output_tokens} tokens in {s.wall_s:.2f}s, {s.target_calls} calls, {s.retries} retried; {s.bill_summary()}")
     for note in s.notes:
         print("note:", note)
     return 0

@@ -50,10 +50,18 @@ def test_json_output_is_the_servers_plain_output(server, tmp_path, kind):
     assert data["finish_reason"] == "length"
     stats = data["stats"]
     for key in ("rounds", "target_calls", "drafted_tokens", "accepted_tokens", "acceptance_rate",
-                "mean_accepted_per_round", "prompt_tokens_billed", "completion_tokens_billed",
+                "mean_accepted_per_round", "bill", "plain_bill", "bill_vs_plain",
                 "wall_s", "draft_s", "verify_s"):
         assert key in stats
     assert stats["output_tokens"] == 70
+    # The bill counts every request the run made (the probe's too), against
+    # one plain call of this prompt (its tokens as the server counts them).
+    prompt_tokens = len(fake.tokenizer.encode(prompt))
+    assert stats["plain_bill"] == {"requests": 1, "prompt_tokens": prompt_tokens, "cached_tokens": 0, "output_tokens": 70, "estimated_tokens": 0}
+    assert stats["bill"]["requests"] >= stats["target_calls"] >= 1
+    assert stats["bill"]["prompt_tokens"] >= prompt_tokens * stats["target_calls"]
+    assert stats["bill"]["output_tokens"] >= 70
+    assert stats["bill_vs_plain"] > 1.0
 
 
 def test_streamed_output_and_plain_mode_agree(server, tmp_path):

@@ -18,7 +18,7 @@ def print_report(report: Report, console: Console | None = None) -> None:
     console = console or Console(width=None if sys.stdout.isatty() else 220)
     table = Table(title=f"bspec bench: {report.server.get('name', '')} {report.server.get('model', '')} (medians of {report.repeats})")
     columns = ("prompt", "workload", "config", "speedup", "oracle", "share", "plain s", "spec s", "tokens", "tok/round (oracle)",
-               "accept", "calls/tok", "prompt tokens sent", "billed compl.", "same")
+               "accept", "calls/tok", "requests", "prompt tokens sent", "output generated", "bill vs plain", "same")
     for column in columns:
         table.add_column(column, justify="left" if column in ("prompt", "workload", "config") else "right")
     for r in report.rows():
@@ -26,17 +26,19 @@ def print_report(report: Report, console: Console | None = None) -> None:
             r["prompt"], r["workload"], r["config"], f"{r['speedup']:.2f}x", _x(r.get("oracle_speedup")), _pct(r.get("share_of_oracle")),
             f"{r['plain_s']:.2f}", f"{r['spec_s']:.2f}", str(r["tokens"]),
             f"{r['tokens_per_round']:.1f} ({_num(r.get('oracle_tokens_per_round'))})", f"{r['acceptance']:.0%}", f"{r['calls_per_token']:.2f}",
-            _sent(r), f"{r['billed_completion']} vs {r['billed_completion_plain']}",
+            str(r["requests"]), _sent(r), f"{r['output_tokens_generated']} vs {r['output_tokens_generated_plain']}", _x(r.get("bill_vs_plain")),
             "yes" if r["identical"] else ("near-tie" if not any("MISMATCH" in d for d in r["divergences"]) else "NO"),
         )
     console.print(table)
-    totals = Table(title="per workload: median speedup over prompts; total = sum plain / sum spec; the copy-oracle's total beside it")
-    for column in ("workload", "config", "prompts", "median speedup", "total speedup", "oracle total", "least share", "prompt sent vs plain", "acceptance", "identical"):
+    totals = Table(title="per workload: median speedup over prompts; total = sum plain / sum spec; the copy-oracle's total beside it; "
+                         f"bills at {report.price} per million tokens, {_bill_source(report)}")
+    for column in ("workload", "config", "prompts", "median speedup", "total speedup", "oracle total", "least share", "prompt sent vs plain", "bill vs plain",
+                   "acceptance", "identical"):
         totals.add_column(column)
     for t in report.totals().values():
         totals.add_row(t["workload"], t["config"], str(t["prompts"]), f"{t['median_speedup']:.2f}x", f"{t['total_speedup']:.2f}x",
                        _x(t.get("oracle_total_speedup")), _pct(t.get("min_share_of_oracle")), _x(t.get("prompt_tokens_sent_ratio")),
-                       f"{t['acceptance']:.0%}", _same(t))
+                       _x(t.get("bill_vs_plain")), f"{t['acceptance']:.0%}", _same(t))
     console.print(totals)
 
 
@@ -53,10 +55,13 @@ def _num(value: float | None) -> str:
 
 
 def _sent(row: dict) -> str:
-    """What the server received (where it can say), else what it billed."""
-    if row.get("prompt_tokens_sent") is not None:
-        return f"{row['prompt_tokens_sent']} vs {row['prompt_tokens_sent_plain']}"
-    return f"billed {row['billed_prompt']} vs {row['billed_prompt_plain']}"
+    cached = f" ({row['cached_tokens']} cached)" if row.get("cached_tokens") else ""
+    return f"{row['prompt_tokens_sent']}{cached} vs {row['prompt_tokens_sent_plain']}"
+
+
+def _bill_source(report: Report) -> str:
+    by = {r.get("bill_by") for r in report.rows()}
+    return "as the server counted them" if by == {"server"} else "as the client counted them (closed streams estimated)"
 
 
 def _same(total: dict) -> str:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
 import httpx
 
+from .._bill import RELATIVE, Bill, Price
 from .._exceptions import PromptError, TargetError
 from .._stats import GenerationResult
 from ..client import SpecClient
@@ -42,10 +43,11 @@ class Run:
     wall_s: float
     tokens: int
     stats: dict
-    # Prompt tokens the server received for this run, every request counted
-    # (cancelled ones too), where the server can say (a simulated one).
-    prompt_tokens_sent: int | None = None
-
+    # What the server billed for this run (``_bill.Bill.to_dict``): its own
+    # count where it can say (a simulated server's, cancelled requests
+    # included), else the client's (closed streams estimated).
+    bill: dict = field(default_factory=dict)
+    bill_by: str = "client"  # "server" | "client"
 
 
 
@@ -69,6 +71,12 @@ class Cell:
     def median(self, key: str) -> float:
         return statistics.median(float(r.stats.get(key) or 0) for r in self.runs)
 
+    def median_bill(self, key: str) -> int:
+        return int(statistics.median(int(r.bill.get(key) or 0) for r in self.runs))
+
+    def median_cost(self, price: Price) -> float:
+        return statistics.median(price.cost(Bill(**{k: int(v) for k, v in r.bill.items() if k in Bill.__dataclass_fields__})) for r in self.runs)
+
 
 @dataclass
 class Report:
@@ -76,6 +84,7 @@ class Report:
     configs: list[str]
     repeats: int
     cells: list[Cell] = field(default_factory=list)
+    price: Price = field(default_factory=lambda: Price.parse(RELATIVE))  # what bills are compared at
 
     def cell(self, prompt: str, config: str) -> Cell:
         return next(c for c in self.cells if c.prompt == prompt and c.config == config)
@@ -104,7 +113,15 @@ class Report:
                 # Side-branch jumps count as rounds: a stream that jumped 30
                 # times verified in 31 rounds, not one.
                 "tokens_per_round": round(cell.median("output_tokens") / max(1.0, rounds), 2),
-                "prompt_tokens_sent": _median_sent(cell), "prompt_tokens_sent_plain": _median_sent(plain),
+                # The bill: every request's prompt (cancelled ones too), what
+                # the server generated, and its cost against plain's.
+                "requests": cell.median_bill("requests"),
+                "prompt_tokens_sent": cell.median_bill("prompt_tokens"), "prompt_tokens_sent_plain": plain.median_bill("prompt_tokens"),
+                "cached_tokens": cell.median_bill("cached_tokens"),
+                "output_tokens_generated": cell.median_bill("output_tokens"), "output_tokens_generated_plain": plain.median_bill("output_tokens"),
+                "cost": cell.median_cost(self.price), "cost_plain": plain.median_cost(self.price),
+                "bill_vs_plain": _ratio(cell.median_cost(self.price), plain.median_cost(self.price)),
+                "bill_by": cell.runs[0].bill_by if cell.runs else None,
                 "plain_s": round(plain.median_wall_s, 3), "spec_s": round(cell.median_wall_s, 3),
                 "tokens": int(cell.median("output_tokens")),
                 "plain_tok_s": round(plain.median("tokens_per_second"), 2),
@@ -112,10 +129,6 @@ class Report:
                 "acceptance": round(cell.median("acceptance_rate"), 3),
                 "accepted_per_round": round(cell.median("mean_accepted_per_round"), 2),
                 "calls_per_token": round(cell.median("target_calls") / max(1.0, cell.median("output_tokens")), 3),
-                "billed_prompt": int(cell.median("prompt_tokens_billed")),
-                "billed_prompt_plain": int(plain.median("prompt_tokens_billed")),
-                "billed_completion": int(cell.median("completion_tokens_billed")),
-                "billed_completion_plain": int(plain.median("completion_tokens_billed")),
                 "identical": cell.mismatches == 0 and not cell.divergences,
                 "divergences": cell.divergences,
             })
@@ -136,7 +149,8 @@ class Report:
                 # The oracle's total: plain's time over the time at its speedup.
                 "oracle_total_speedup": _oracle_total(rows),
                 "min_share_of_oracle": min((r["share_of_oracle"] for r in rows if r["share_of_oracle"]), default=None),
-                "prompt_tokens_sent_ratio": _sent_ratio(rows),
+                "prompt_tokens_sent_ratio": _ratio(sum(r["prompt_tokens_sent"] for r in rows), sum(r["prompt_tokens_sent_plain"] for r in rows)),
+                "bill_vs_plain": _ratio(sum(r["cost"] for r in rows), sum(r["cost_plain"] for r in rows)),
                 "acceptance": round(statistics.median(r["acceptance"] for r in rows), 3),
                 "identical": all(r["identical"] for r in rows),
                 # Every divergence at a near-tie (top-2 gap < 1e-3): no mismatch.
@@ -149,27 +163,20 @@ class Report:
 
     def to_dict(self) -> dict:
         return {
-            "server": self.server, "configs": self.configs, "repeats": self.repeats,
+            "server": self.server, "configs": self.configs, "repeats": self.repeats, "price": self.price.to_dict(),
             "rows": self.rows(), "totals": list(self.totals().values()),
             "cells": [asdict(c) for c in self.cells],
         }
 
 
-def _median_sent(cell: Cell) -> int | None:
-    sent = [r.prompt_tokens_sent for r in cell.runs if r.prompt_tokens_sent is not None]
-    return int(statistics.median(sent)) if sent else None
+def _ratio(spec: float, plain: float) -> float | None:
+    return round(spec / plain, 3) if plain else None
 
 
 def _oracle_total(rows: list[dict]) -> float | None:
     if not rows or any(not r["oracle_speedup"] for r in rows):
         return None
     return round(sum(r["plain_s"] for r in rows) / sum(r["plain_s"] / r["oracle_speedup"] for r in rows), 3)
-
-
-def _sent_ratio(rows: list[dict]) -> float | None:
-    if not rows or any(r["prompt_tokens_sent"] is None or not r["prompt_tokens_sent_plain"] for r in rows):
-        return None
-    return round(sum(r["prompt_tokens_sent"] for r in rows) / sum(r["prompt_tokens_sent_plain"] for r in rows), 2)
 
 
 async def run_bench(
@@ -191,7 +198,8 @@ async def run_bench(
     profile: str = "auto",
     chat: bool = False,
     oracle: OracleFn | None = None,
-    prompt_tokens_received: Callable[[], int] | None = None,
+    server_bill: Callable[[], Bill] | None = None,
+    price: Price | None = None,
 ) -> Report:
     """``fresh_client``: every speculative run gets a new client, which knows
     nothing of the server but what it can load (as a new ``bspec run``
@@ -199,9 +207,10 @@ async def run_bench(
     ``chat``: every prompt goes as chat messages to ``/chat/completions``
     (a hosted API that serves chat only), plain and speculative alike.
     ``oracle``: the copy-oracle of a prompt given plain's text (per prompt,
-    beside every figure); ``prompt_tokens_received``: the server's running
-    count of prompt tokens received (a simulated server's), so each run
-    shows what it sent."""
+    beside every figure); ``server_bill``: the server's running bill (a
+    simulated server's), so each run shows what it billed, else the
+    client's count is shown; ``price``: what bills are compared at
+    (default: relative prices, in 1, cached 0.25, out 4)."""
     if chat:
         raw = [p.name for p in prompts if p.messages is None]
         prompts = [p for p in prompts if p.messages is not None]
@@ -209,7 +218,7 @@ async def run_bench(
             raise PromptError(f"--chat needs prompts written as chat turns; these are raw text: {', '.join(raw)}")
         if raw and progress:
             progress(f"skipped (raw text, no chat form): {', '.join(raw)}")
-    report = Report(server or {"base_url": base_url}, [c.label for c in configs], repeats)
+    report = Report(server or {"base_url": base_url}, [c.label for c in configs], repeats, price=price or Price.parse(RELATIVE))
     report.server["fresh_client"] = fresh_client
     report.server["chat"] = chat
     report.server["profile"] = profile
@@ -258,7 +267,7 @@ async def run_bench(
                         await client.load_drafter()  # a draft model's load is not timed either way
                     if label != "plain":
                         client.session_index = memories.setdefault((f"{label}/{prompt.session or prompt.name}", repeat), SessionIndex())
-                    sent_before = prompt_tokens_received() if prompt_tokens_received else None
+                    billed_before = replace(server_bill()) if server_bill else None
                     started = time.perf_counter()
                     if chat:
                         result: GenerationResult = await client.chat(prompt.messages, max_tokens=budget)  # type: ignore[arg-type]
@@ -268,8 +277,7 @@ async def run_bench(
                     texts[label] = result.text
                     if not cells[label].text:
                         cells[label].text = result.text
-                    sent = None if sent_before is None else prompt_tokens_received() - sent_before  # type: ignore[misc]
-                    cells[label].runs.append(Run(wall, result.stats.output_tokens, result.stats.to_dict(), sent))
+                    cells[label].runs.append(_run_of(wall, result, server_bill() if server_bill else None, billed_before))
                     if label == "plain" and oracle is not None and cells["plain"].oracle is None:
                         measured = measured_costs(wall, result.stats.first_text_s, result.stats.output_tokens, *cold)
                         cells["plain"].oracle = oracle(prompt, result.text, measured)
@@ -299,6 +307,15 @@ async def run_bench(
         for client in spec_clients.values():
             await client.aclose()
     return report
+
+
+def _run_of(wall: float, result: GenerationResult, billed: Bill | None, billed_before: Bill | None) -> Run:
+    """One timed run, its bill the server's own where it keeps one."""
+    run = Run(wall, result.stats.output_tokens, result.stats.to_dict(), result.stats.bill.to_dict())
+    if billed is not None and billed_before is not None:
+        run.bill = {k: getattr(billed, k) - getattr(billed_before, k) for k in run.bill}
+        run.bill_by = "server"
+    return run
 
 
 async def _warm_up(client: SpecClient, prompt: Prompt, chat: bool) -> tuple[float | None, int]:

@@ -647,6 +647,7 @@ class FakeTarget:
         self.requests.append(dict(body, _generated=len(out), _prefilled=len(prompt_ids) if wants_prompt_logprobs else 0, _rendered=prompt,
                                   _prompt_ids=prompt_ids, _generated_ids=out))
         usage: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out), "total_tokens": len(prompt_ids) + len(out)}
+        self.requests[-1]["_usage"] = usage  # (the simulator adds what its cache held, before it is sent)
         prediction = body.get("prediction")
         if self.predicted_outputs and isinstance(prediction, dict) and isinstance(prediction.get("content"), str):
             # Predicted Outputs' accounting, simplified: the predicted tokens
@@ -751,7 +752,7 @@ class FakeTarget:
         out = answer.ids
         record = dict(body, _generated=len(out), _prefilled=len(prompt_ids) if echo else 0, _prompt_ids=prompt_ids, _generated_ids=out)
         self.requests.append(record)
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out), "total_tokens": len(prompt_ids) + len(out)}
+        usage = record["_usage"] = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out), "total_tokens": len(prompt_ids) + len(out)}
         if body.get("stream"):
             return 200, {}, self._stream_chunks(answer, usage, body, prompt_ids=prompt_ids)
         text = answer.shown(stream=False)

