@@ -139,6 +139,7 @@ class TrustedNGram:
     def finish(self): pass
 
 DRAFTER = os.environ.get("DRAFTER", "ngram")
+MAX_COST = None if os.environ.get("MAX_COST", "inf") == "inf" else float(os.environ["MAX_COST"])
 
 async def main(preset, name, strategy="auto", verbose=True):
     sim = SimulatedTarget.preset(preset, replay=True, model_name="sim")
@@ -149,7 +150,7 @@ async def main(preset, name, strategy="auto", verbose=True):
     r0 = await (plain.chat(p.messages, max_tokens=p.max_tokens) if chat else plain.generate(p.text, max_tokens=p.max_tokens))
     plain_s = time.perf_counter() - t
     orc = sim_oracle(sim)(p, r0.text)
-    spec = SpecClient(f"http://sim-{preset}/v1", None, "sim", drafter={"ngram": "ngram", "trusted": TrustedNGram()}.get(DRAFTER) or OracleDrafter(r0.text, DRAFTER == "perfect"), strategy=strategy, fanout_width=FANOUT, transport=sim.transport(), profile=os.environ.get("PROFILE", "off"))
+    spec = SpecClient(f"http://sim-{preset}/v1", None, "sim", drafter={"ngram": "ngram", "trusted": TrustedNGram()}.get(DRAFTER) or OracleDrafter(r0.text, DRAFTER == "perfect"), strategy=strategy, fanout_width=FANOUT, transport=sim.transport(), profile=os.environ.get("PROFILE", "off"), max_cost=MAX_COST)
     n0 = len(sim.requests)
     await (spec.probe_chat() if chat else spec.probe())
     n1 = len(sim.requests)
@@ -162,6 +163,7 @@ async def main(preset, name, strategy="auto", verbose=True):
     print(f"{name} {preset} {strategy}: plain {plain_s:.2f}s spec {s:.2f}s speedup {plain_s/s:.2f}x oracle {orc and orc['speedup']} "
           f"share {(plain_s/s)/orc['speedup']*100 if orc else 0:.0f}% reqs {len(reqs)} echo {sum(1 for q in reqs if q.get('_prefilled'))} "
           f"tokens {r.stats.output_tokens} sent/plain {sent/ max(1,len(sim.requests[n0-1].get('_prompt_ids') or [1])):.1f}")
+    print(f"   {r.stats.bill_summary()}")
     if verbose:
         print(" ", r.stats.to_dict().get("notes"))
         for d in DEC: print("  ", d)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextvars
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ._exceptions import ConfigurationError
@@ -37,12 +37,27 @@ class Bill:
     output_tokens: int = 0  # generated, cancelled streams' included
     # Of prompt_tokens + output_tokens, how many are estimates (no usage came).
     estimated_tokens: int = 0
-    # Requests no usage came back for, as (endpoint, prompt characters):
-    # their prompts are counted by :meth:`settle`, once the generation's own
-    # reported prompts (``reported``, (endpoint, characters) -> tokens) say
-    # the most about them.
-    unsettled: list[tuple[str, int]] = field(default_factory=list, repr=False, compare=False)
-    reported: dict[tuple[str, int], int] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # (Not fields: the counts are the bill; these are how it is kept.)
+        # Requests no usage came back for, as (endpoint, prompt characters):
+        # their prompts are counted by :meth:`settle`, once the generation's
+        # own reported prompts (``reported``, (endpoint, characters) ->
+        # tokens) say the most about them.
+        self.unsettled: list[tuple[str, int]] = []
+        self.reported: dict[tuple[str, int], int] = {}
+        self.running: set[StreamTally] = set()  # streams sent and not yet ended
+
+    def running_cost(self, price: "Price", sizes: "PromptSizes") -> float:
+        """The cost so far, at ``price``: requests that ended, the prompts of
+        those no usage came for (estimated), and streams still running (their
+        prompts, and what they have sent)."""
+        fresh = self.prompt_tokens - self.cached_tokens + sum(sizes.estimate(k, c, self.reported) for k, c in self.unsettled)
+        output = self.output_tokens
+        for tally in list(self.running):
+            fresh += sizes.estimate(tally.kind, tally.prompt_chars, self.reported)
+            output += tally.received
+        return (fresh * price.input + self.cached_tokens * price.cached + output * price.output) / 1e6
 
     def charge(self, kind: str, prompt_chars: int, usage: Any, output: int, output_seen: int) -> None:
         """One request: its usage, or where it has none, ``output`` tokens
@@ -179,7 +194,7 @@ class PromptSizes:
     difference at the characters per token of the server's own answers."""
 
     KEEP = 256  # prompts whose counts are remembered
-    CHARS_PER_TOKEN = 4.0  # until an answer's usage says
+    CHARS_PER_TOKEN = 3.5  # until answers say (prose runs ~4, code ~3)
 
     def __init__(self) -> None:
         self._seen: dict[tuple[str, int], int] = {}  # (endpoint, characters) -> tokens reported
@@ -250,15 +265,27 @@ class StreamTally:
     def __init__(self, sizes: PromptSizes, kind: str, prompt_chars: int) -> None:
         self.sizes, self.kind, self.prompt_chars = sizes, kind, prompt_chars
         self.bill = current_bill()
-        self.sent = False  # handed to the connection (a request still waiting for a slot costs nothing)
+        self._sent = False  # handed to the connection (a request still waiting for a slot costs nothing)
         self.received = 0
         self.chars = 0
+        self.counted = True  # every piece came with its token strings: ``received`` is exact
         self.times: list[float] = []
         self.generated: int | None = None  # the server's own count (llama.cpp's timings)
+
+    @property
+    def sent(self) -> bool:
+        return self._sent
+
+    @sent.setter
+    def sent(self, value: bool) -> None:
+        self._sent = value
+        if self.bill is not None:
+            (self.bill.running.add if value else self.bill.running.discard)(self)
 
     def piece(self, text: str, tokens: list[str] | None, generated: int | None, now: float) -> None:
         self.received += len(tokens) if tokens else 1  # (a chunk without token strings: one token, as vLLM streams)
         self.chars += len(text)
+        self.counted = self.counted and bool(tokens)
         if generated is not None:
             self.generated = generated
         self.times.append(now)
@@ -268,6 +295,8 @@ class StreamTally:
         if reported:
             self.sizes.learn(self.kind, self.prompt_chars, usage.prompt_tokens)
             self.sizes.learn_text(self.chars, usage.completion_tokens)
+        elif self.counted:
+            self.sizes.learn_text(self.chars, self.received)
         if self.bill is None or not self.sent:
             return
         received = max(self.received, self.generated or 0)

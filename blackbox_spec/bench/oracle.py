@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .._bill import Bill, Price, plain_bill
+
 
 def copy_runs(context: bytes, tokens: list[bytes]) -> list[int]:
     """For each output position ``i``: how many of ``tokens[i:]`` in a row
@@ -122,6 +124,59 @@ def oracle(prompt: bytes, tokens: list[bytes], costs: RoundCosts, first_s: float
     return oracle_seconds(copy_runs(prompt, tokens), costs, first_s)
 
 
+def oracle_bill(runs: list[int], costs: RoundCosts, prompt_tokens: int, least_run: int, *, echo: bool, first_s: float = 0.0) -> tuple[float, Bill]:
+    """The oracle's seconds and bill when it takes only copies of
+    ``least_run`` tokens or more.  Each copy round is a new request whose
+    prompt is the whole context and the copy; where the server scores a
+    prompt (``echo``) the copy is read, not decoded, else it is decoded too
+    (a side branch's check: the stream walks the copy while the branch runs
+    on).
+
+    >>> costs = RoundCosts(step_s=1.0, request_s=2.0)
+    >>> oracle_bill([0, 5, 4, 3, 2, 1, 0], costs, 10, 1, echo=True)
+    (3.0, Bill(requests=2, prompt_tokens=26, cached_tokens=0, output_tokens=2, estimated_tokens=0))
+    >>> oracle_bill([0, 5, 4, 3, 2, 1, 0], costs, 10, 6, echo=True)[1].requests   # no copy that long: plain
+    1
+    """
+    n, i = len(runs), 0
+    seconds, bill = first_s, Bill(requests=1, prompt_tokens=prompt_tokens)
+    while i < n:
+        run = min(runs[i], n - i - 1)
+        if run >= max(1, least_run) and costs.copy_round_s(run) < (run + 1) * costs.step_s:
+            seconds += costs.copy_round_s(run)
+            bill.add(Bill(requests=1, prompt_tokens=prompt_tokens + i + run))
+            bill.output_tokens += 1 + (0 if echo else run)
+            i += run + 1
+        else:
+            seconds += costs.step_s
+            bill.output_tokens += 1
+            i += 1
+    return seconds, bill
+
+
+def budgeted_speedup(runs: list[int], costs: RoundCosts, prompt_tokens: int, max_cost: float, price: Price, *, echo: bool, first_s: float = 0.0) -> float:
+    """The copy-oracle's speedup with its bill within ``max_cost`` times
+    plain's (at ``price``): the best of taking only copies of at least L
+    tokens, over every L.  What bspec under ``--max-cost`` stands beside.
+
+    >>> costs = RoundCosts(step_s=1.0, request_s=2.0)
+    >>> price = Price(1.0, 1.0, 4.0)
+    >>> budgeted_speedup([0, 5, 4, 3, 2, 1, 0], costs, 10, 1e9, price, echo=True)   # plain 7 s, the oracle 3 s
+    2.333
+    >>> budgeted_speedup([0, 5, 4, 3, 2, 1, 0], costs, 10, 1.0, price, echo=False)  # no room for a request
+    1.0
+    """
+    n = len(runs)
+    plain_s = first_s + n * costs.step_s
+    limit = max_cost * price.cost(plain_bill(prompt_tokens, n))
+    best = plain_s
+    for least in sorted(set(runs)):
+        seconds, bill = oracle_bill(runs, costs, prompt_tokens, least, echo=echo, first_s=first_s)
+        if price.cost(bill) <= limit * (1 + 1e-9):
+            best = min(best, seconds)
+    return round(plain_s / best, 3) if best > 0 else 1.0
+
+
 def answer_tokens(recorded: list[bytes], text: str) -> list[bytes] | None:
     """The recorded tokens that make up ``text`` (a plain answer, perhaps cut
     shorter by a smaller budget); None where ``text`` is not their head."""
@@ -134,9 +189,21 @@ def answer_tokens(recorded: list[bytes], text: str) -> list[bytes] | None:
     return out if b"".join(out) == want else None
 
 
-# The oracle of a prompt given plain's text and the costs plain's run
-# showed (``measured_costs``; None where they are not known).
-OracleFn = Callable[[Any, str, "RoundCosts | None"], "dict | None"]
+@dataclass(frozen=True)
+class BillLimits:
+    """The bill limits a bench compares (``--max-cost``), for the oracle's
+    figure under each: its prompt's tokens, the prices, and whether the
+    server scores a prompt (echo)."""
+
+    max_costs: tuple[float, ...]
+    price: Price
+    prompt_tokens: int
+    echo: bool
+
+
+# The oracle of a prompt given plain's text, the costs plain's run showed
+# (``measured_costs``; None where they are not known) and the bill limits.
+OracleFn = Callable[..., "dict | None"]
 
 
 def sim_oracle(sim) -> OracleFn:
@@ -156,12 +223,17 @@ def recorded_oracle(recordings: list, known: RoundCosts | None = None) -> Oracle
     dtype) has no figure."""
     by_prompt = {r.prompt: r for r in recordings}
 
-    def figure(prompt, text: str, measured: RoundCosts | None = None) -> dict | None:
+    def figure(prompt, text: str, measured: RoundCosts | None = None, limits: BillLimits | None = None) -> dict | None:
         recording, costs = by_prompt.get(prompt.text), known or measured
         tokens = answer_tokens(recording.tokens, text) if recording else None
         if tokens is None or costs is None:
             return None
-        return oracle(prompt.text.encode(), tokens, costs, first_s=costs.request_s).to_dict() | {"costs": costs.to_dict()}
+        runs = copy_runs(prompt.text.encode(), tokens)
+        data = oracle_seconds(runs, costs, first_s=costs.request_s).to_dict() | {"costs": costs.to_dict()}
+        if limits is not None and limits.prompt_tokens > 0:
+            data["by_max_cost"] = {f"{r:g}": budgeted_speedup(runs, costs, limits.prompt_tokens, r, limits.price, echo=limits.echo, first_s=costs.request_s)
+                                   for r in limits.max_costs}
+        return data
 
     return figure
 

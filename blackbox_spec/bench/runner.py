@@ -24,7 +24,7 @@ from .._stats import GenerationResult
 from ..client import SpecClient
 from ..drafters import SessionIndex
 from .divergence import Divergence, explain, first_difference
-from .oracle import OracleFn, measured_costs
+from .oracle import BillLimits, OracleFn, measured_costs
 from .workloads import Prompt
 
 
@@ -32,10 +32,14 @@ from .workloads import Prompt
 class Config:
     drafter: str  # "ngram"
     strategy: str  # "auto" | "echo" | "fanout"
+    # The bill's limit, times plain's: a number, None (none), or "auto" (the
+    # client's default for the server's host).
+    max_cost: float | str | None = "auto"
 
     @property
     def label(self) -> str:
-        return f"{self.drafter}/{self.strategy}"
+        limit = "" if self.max_cost == "auto" else " no limit" if self.max_cost is None else f" <={self.max_cost:g}x bill"
+        return f"{self.drafter}/{self.strategy}{limit}"
 
 
 @dataclass
@@ -63,6 +67,7 @@ class Cell:
     mismatches: int = 0  # divergences that were not near-ties
     text: str = ""  # the first run's output (plain cells: the reference for replays)
     oracle: dict | None = None  # plain cells: the copy-oracle on this answer
+    max_cost: float | str | None = "auto"  # the configuration's bill limit
 
     @property
     def median_wall_s(self) -> float:
@@ -100,7 +105,7 @@ class Report:
                 continue
             plain = self.cell(cell.prompt, "plain")
             speedup = plain.median_wall_s / cell.median_wall_s
-            oracle = plain.oracle["speedup"] if plain.oracle else None
+            oracle = _oracle_for(plain.oracle, cell.max_cost)
             rounds = statistics.median(float(r.stats.get("rounds") or 0) + float(r.stats.get("jumps") or 0) for r in cell.runs)
             rows.append({
                 "prompt": cell.prompt, "workload": cell.workload, "config": cell.config,
@@ -169,6 +174,15 @@ class Report:
         }
 
 
+def _oracle_for(figure: dict | None, max_cost: float | str | None) -> float | None:
+    """The oracle's speedup under the configuration's bill limit (with none, its own)."""
+    if not figure:
+        return None
+    if isinstance(max_cost, float):
+        return (figure.get("by_max_cost") or {}).get(f"{max_cost:g}")
+    return figure["speedup"]
+
+
 def _ratio(spec: float, plain: float) -> float | None:
     return round(spec / plain, 3) if plain else None
 
@@ -227,7 +241,8 @@ async def run_bench(
 
     def new_client(c: Config) -> SpecClient:
         options = model_options if c.drafter in ("llama", "hf") else {}
-        return SpecClient(base_url, api_key, model, drafter=c.drafter, strategy=c.strategy, timeout=timeout, transport=transport, profile=profile, **options)
+        return SpecClient(base_url, api_key, model, drafter=c.drafter, strategy=c.strategy, timeout=timeout, transport=transport, profile=profile,
+                          price=price, max_cost=c.max_cost, **options)
 
     spec_clients = {c.label: new_client(c) for c in configs}
     # The suffix drafter remembers a client's earlier outputs.  Each prompt and
@@ -245,13 +260,14 @@ async def run_bench(
             report.server["capabilities"] = asdict(await (first.probe_chat() if chat else first.probe()))
         else:
             report.server["capabilities"] = {}
+        echo = bool(report.server["capabilities"].get("echo"))
         total = len(prompts) * repeats * (1 + len(configs))
         done = 0
         for prompt in prompts:
             budget = max_tokens or prompt.max_tokens
             cold = await _warm_up(plain_client, prompt, chat)
             cells = {"plain": Cell(prompt.name, prompt.workload, "plain")}
-            cells.update({c.label: Cell(prompt.name, prompt.workload, c.label) for c in configs})
+            cells.update({c.label: Cell(prompt.name, prompt.workload, c.label, max_cost=c.max_cost) for c in configs})
             report.cells.extend(cells.values())
             order = ["plain", *[c.label for c in configs]]
             for repeat in range(repeats):
@@ -280,7 +296,7 @@ async def run_bench(
                     cells[label].runs.append(_run_of(wall, result, server_bill() if server_bill else None, billed_before))
                     if label == "plain" and oracle is not None and cells["plain"].oracle is None:
                         measured = measured_costs(wall, result.stats.first_text_s, result.stats.output_tokens, *cold)
-                        cells["plain"].oracle = oracle(prompt, result.text, measured)
+                        cells["plain"].oracle = oracle(prompt, result.text, measured, _limits(configs, report, result, cold[1], echo))
                     done += 1
                     if progress:
                         progress(
@@ -307,6 +323,13 @@ async def run_bench(
         for client in spec_clients.values():
             await client.aclose()
     return report
+
+
+def _limits(configs: Sequence[Config], report: Report, plain: GenerationResult, prompt_tokens: int, echo: bool) -> BillLimits | None:
+    """The bill limits the configurations compare, for the oracle under each."""
+    limits = tuple(sorted({c.max_cost for c in configs if isinstance(c.max_cost, float)}))
+    tokens = plain.stats.bill.prompt_tokens or prompt_tokens
+    return BillLimits(limits, report.price, tokens, echo) if limits and tokens else None
 
 
 def _run_of(wall: float, result: GenerationResult, billed: Bill | None, billed_before: Bill | None) -> Run:
