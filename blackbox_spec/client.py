@@ -20,7 +20,7 @@ from typing import AsyncIterator, Callable, Sequence
 import httpx
 
 from ._bill import RELATIVE, Price, context_counting
-from ._budget import Budget, check_max_cost, default_max_cost
+from ._budget import PLAIN_BELOW, Budget, check_max_cost, default_max_cost
 from ._cancel import cancel_once, in_own_task
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetError, TargetHTTPError
 from ._stats import GenerationResult, GenerationStats
@@ -509,8 +509,8 @@ class SpecClient:
         return GenerationStream(self._run(out, self._chat_pieces(turn, out, result.stats, prediction), result), result)
 
     def _no_room(self) -> bool:
-        """A bill limited to plain's leaves nothing for a probe or a draft's request."""
-        return self.max_cost is not None and self.max_cost <= 1.0
+        """A bill limited to little more than plain's leaves no room for a probe and a draft's request."""
+        return self.max_cost is not None and self.max_cost < PLAIN_BELOW
 
     async def _run(self, out: Output, source: AsyncIterator[str], result: GenerationResult) -> AsyncIterator[str]:
         stats = result.stats

@@ -46,7 +46,7 @@ def test_bench_writes_a_table_json_and_plots(url, tmp_path):
     plain_runs = [c for c in report["cells"] if c["config"] == "plain"]
     assert all(len(c["runs"]) == 2 for c in plain_runs)
     assert {t["workload"] for t in report["totals"]} == {"code-edit", "free-form", "all"}
-    for name in ("speedup.png", "acceptance.png", "acceptance_by_position.png"):
+    for name in ("speedup.png", "acceptance.png", "acceptance_by_position.png", "frontier.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -222,6 +222,12 @@ async def test_metrics_count_speculation(sdks):
     assert metrics["output_tokens"] == 300 and metrics["accepted_tokens"] > 0
     assert metrics["decode_steps_saved"] == metrics["accepted_tokens"] and 0 < metrics["acceptance_rate"] <= 1
     assert metrics["target_calls"] >= 3 and metrics["speedup_estimate"] is not None
+    # The bill of those answers upstream, every request counted, against
+    # three plain calls of 100 tokens each.
+    assert metrics["bill"]["requests"] >= metrics["target_calls"] and metrics["bill"]["output_tokens"] >= 300
+    assert metrics["plain_bill"]["requests"] == 3 and metrics["plain_bill"]["output_tokens"] == 300
+    assert metrics["bill"]["prompt_tokens"] >= metrics["plain_bill"]["prompt_tokens"] > 0 and metrics["bill_vs_plain"] > 0
+    assert metrics["cost"] is None  # (no --price given)
 
 
 async def test_errors_are_the_upstreams_status_and_message(sdks):

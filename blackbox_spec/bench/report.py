@@ -152,7 +152,36 @@ def write_plots(report: Report, folder: Path) -> list[Path]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(path)
+    written.append(_frontier_plot(report, folder, plt))
     return written
+
+
+def _frontier_plot(report: Report, folder: Path, plt) -> Path:
+    """``frontier.png``: total speedup against the bill, both over plain,
+    one point per configuration (``--max-cost``) and workload, the
+    copy-oracle under the same limit beside each."""
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    totals = [t for t in report.totals().values() if t["workload"] != "all" and t.get("bill_vs_plain")]
+    for workload in dict.fromkeys(t["workload"] for t in totals):
+        points = sorted((t["bill_vs_plain"], t["total_speedup"], t["config"], t.get("oracle_total_speedup")) for t in totals if t["workload"] == workload)
+        line = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"bspec, {workload}")[0]
+        for bill, speed, config, _ in points:
+            ax.annotate(config.split(" ", 1)[-1], (bill, speed), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        oracle = [(p[0], p[3]) for p in points if p[3]]
+        if oracle:
+            ax.plot([o[0] for o in oracle], [o[1] for o in oracle], linestyle=":", marker="x", color=line.get_color(), label=f"copy-oracle at the same limit, {workload}")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"bill over plain's (at {report.price} per million tokens)")
+    ax.set_ylabel("total speedup over plain")
+    ax.set_title(f"speed against bill: {report.server.get('name', '')} {report.server.get('model', '')}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = folder / "frontier.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def load_report(path: Path) -> dict:
