@@ -29,9 +29,10 @@ DEFAULT_MAX_COST = 2.0
 # probe: a fresh process's probe (3-10 small requests) and one speculative
 # request each cost a third or more of a short answer's plain bill, so
 # there is no room for both.  Measured on the hosted sim, real edits (a
-# ~470-token prompt, ~250 tokens out): at 1.3 a fresh process spent 1.31x
-# plain's bill on its probe and sent no speculative request at all.
-PLAIN_BELOW = 1.5
+# ~470-token prompt, ~250 tokens out, fresh process each): at limits of
+# 1.3 and 1.6 every process spent ~1.31x plain's bill, all of it on its
+# probe, and sent no speculative request (docs/results/bill-40).
+PLAIN_BELOW = 2.0
 # A request's cost is an estimate (its prompt's tokens from characters, the
 # output a cancelled stream bills): weighed this much higher, so the bill
 # stays within its limit when the estimate falls short.

@@ -611,6 +611,9 @@ class TargetAPI:
         except asyncio.CancelledError:  # left before the answer came: the server has the prompt
             tally.close(Usage(), time.perf_counter())
             raise
+        except BaseException:  # refused or unreachable: nothing billed
+            tally.sent = False
+            raise
         try:
             async with opened:
                 seen_data = complete = False

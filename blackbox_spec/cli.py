@@ -413,7 +413,7 @@ def _max_cost(value: str) -> float | str | None:
 
 
 MAX_COST_HELP = ("keep each answer's bill within R times what one plain call would bill (every request bills its whole prompt): speculative "
-                 "requests that would pass it are not sent, and below 1.5 nothing is (no probe either); inf: no limit (default: none for a server on loopback or a "
+                 "requests that would pass it are not sent, and below 2 nothing is (no probe either: it would cost a third of a short answer's bill); inf: no limit (default: none for a server on loopback or a "
                  "private network, 2 for any other host)")
 _probability = _number_type(float, lambda n: 0 < n <= 1, "a number in (0, 1]")
 

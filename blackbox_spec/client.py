@@ -543,6 +543,8 @@ class SpecClient:
 
     async def _pieces(self, out: Output, stats: GenerationStats) -> AsyncIterator[str]:
         if (self._new_drafter is None and out.prediction is None) or self.strategy == "plain" or self._no_room():
+            if self._no_room() and self.strategy != "plain":
+                stats.note(f"the bill may not pass {self.max_cost:g}x plain's (max_cost): no room for a probe and a speculative request, decoded plainly")
             async with aclosing(decode_plainly_from_start(self.api, out, stats)) as pieces:
                 async for piece in pieces:
                     yield piece
