@@ -447,7 +447,9 @@ class _Fuzz:
 
     def __init__(self) -> None:
         self.runner = asyncio.Runner()
-        self.fake = FakeTarget(latency=0.0, decode_s=0.0)
+        # A context window, as every real server has: a fuzzed max_tokens of
+        # 2**60 passed through to a fake without one decoded forever.
+        self.fake = FakeTarget(latency=0.0, decode_s=0.0, context_window=8192)
         self.proxy, self.tracked = self.runner.run(self._make())
         self.http = caller(self.proxy)
         self.statuses: list[int] = []

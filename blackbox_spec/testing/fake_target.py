@@ -442,6 +442,18 @@ class FakeTarget:
         answer = self._decode(self.tokenizer.encode(prompt), max_tokens, stop or [])
         return answer.shown(stream), answer.finish, answer.ids
 
+    def _too_long(self, prompt_ids: list[int], max_tokens: int):
+        """vLLM's 400 for a prompt and max_tokens beyond the context window (where one is set)."""
+        if self.context_window is None or len(prompt_ids) + max_tokens <= self.context_window:
+            return None
+        return self._error(
+            400,
+            f"This model's maximum context length is {self.context_window} tokens. However, you requested "
+            f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, {max_tokens} in the completion). "
+            "Please reduce the length of the messages or completion.",
+            "BadRequestError",
+        )
+
     def _decode(self, prompt_ids: list[int], max_tokens: int, stop: list[str]) -> "_Answer":
         """Greedy decoding with the server's detokenizer and stop rule.
 
@@ -639,6 +651,8 @@ class FakeTarget:
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else list(stop)
         prompt_ids = tok.encode(prompt)
+        if (refused := self._too_long(prompt_ids, max_tokens)) is not None:
+            return refused
         answer = self._decode(prompt_ids, max_tokens, stop)
         text, finish, out = answer.shown(bool(body.get("stream"))), answer.finish, answer.ids
         wants_prompt_logprobs = self.chat_prefill == "vllm" and body.get("prompt_logprobs") is not None
@@ -740,14 +754,8 @@ class FakeTarget:
         logprobs = body.get("logprobs")
         echo = bool(body.get("echo")) and self.echo == "yes"
         prompt_ids = tok.encode(prompt)
-        if self.context_window is not None and len(prompt_ids) + max_tokens > self.context_window:
-            return self._error(
-                400,
-                f"This model's maximum context length is {self.context_window} tokens. However, you requested "
-                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, {max_tokens} in the completion). "
-                "Please reduce the length of the messages or completion.",
-                "BadRequestError",
-            )
+        if (refused := self._too_long(prompt_ids, max_tokens)) is not None:
+            return refused
         answer = self._decode(prompt_ids, max_tokens, stop)
         out = answer.ids
         record = dict(body, _generated=len(out), _prefilled=len(prompt_ids) if echo else 0, _prompt_ids=prompt_ids, _generated_ids=out)
