@@ -143,6 +143,9 @@ class Price:
         return (fresh * self.input + bill.cached_tokens * self.cached + bill.output_tokens * self.output) / 1e6
 
 
+RELATIVE_PRICE = Price.parse(RELATIVE)
+
+
 def plain_bill(prompt_tokens: int, output_tokens: int) -> Bill:
     """What one plain call for the same output bills (its prompt uncached)."""
     return Bill(requests=1, prompt_tokens=prompt_tokens, output_tokens=output_tokens)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._bill import RELATIVE, Bill, Price, plain_bill
+from ._bill import RELATIVE, RELATIVE_PRICE, Bill, Price, plain_bill
 
 
 @dataclass
@@ -116,7 +116,7 @@ class GenerationStats:
     def bill_ratio(self) -> float | None:
         """This bill against plain's, at ``price`` (or relative prices: in 1, cached 0.25, out 4)."""
         plain = self.plain_bill
-        price = self.price or Price.parse(RELATIVE)
+        price = self.price or RELATIVE_PRICE
         if plain is None or not price.cost(plain):
             return None
         return price.cost(self.bill) / price.cost(plain)

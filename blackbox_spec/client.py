@@ -19,7 +19,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 import httpx
 
-from ._bill import RELATIVE, Price, context_counting
+from ._bill import RELATIVE_PRICE, Price, context_counting
 from ._budget import PLAIN_BELOW, Budget, check_max_cost, default_max_cost
 from ._cancel import cancel_once, in_own_task
 from ._exceptions import BlackboxSpecError, ConfigurationError, PromptError, TargetError, TargetHTTPError
@@ -675,7 +675,7 @@ class SpecClient:
             probing.add_done_callback(lambda task: _chat_probed(task, policy, stats))
         policy.context_tokens = len(out.prompt) / policy.chars_per_token
         if self.max_cost is not None:
-            policy.budget = Budget(self.max_cost, self.price or Price.parse(RELATIVE), stats.bill, self.api.prompt_sizes, out.prompt_size, out)
+            policy.budget = Budget(self.max_cost, self.price or RELATIVE_PRICE, stats.bill, self.api.prompt_sizes, out.prompt_size, out)
         verifiers = {"echo": EchoVerifier(target), "fanout": FanoutVerifier(target)}
         learning = asyncio.ensure_future(self.api.learn_tokenize())
         try:

@@ -941,10 +941,14 @@ class Policy:
             return self.budget.affords(2 * (self.context_tokens + draft_tokens), requests=2)
         if plan.strategy == "fanout":
             return self.budget.affords(plan.width * (self.context_tokens + draft_tokens / 2), requests=plan.width)
-        segment = plan.segment_chars / self.chars_per_token
-        branches = plan.width - 1
-        prompts = branches * self.context_tokens + segment * branches * (branches + 1) / 2
-        return self.budget.affords(prompts, requests=branches, waste_tokens=branches * segment / 2)
+        segment, branches = plan.segment_chars / self.chars_per_token, plan.width - 1
+        return self.budget.affords(self._group_prompt_tokens(plan), requests=branches, waste_tokens=branches * segment / 2)
+
+    def _group_prompt_tokens(self, plan: Plan) -> float:
+        """What a group of side branches bills as prompt: each branch the
+        context and the draft up to its offset."""
+        segment, branches = plan.segment_chars / self.chars_per_token, plan.width - 1
+        return branches * self.context_tokens + segment * branches * (branches + 1) / 2
 
     def _billed_outlook(self, draft: str, match: int, remaining: int, outlook: BranchOutlook | None) -> BranchOutlook | None:
         """Under a bill's limit: of the time-optimal group and lone
@@ -955,9 +959,7 @@ class Policy:
         price = budget.price
         best, best_rate = None, 0.0
         if outlook is not None and self.affords(outlook.plan):
-            branches = outlook.plan.width - 1
-            segment = outlook.plan.segment_chars / self.chars_per_token
-            bill = (branches * self.context_tokens + segment * branches * (branches + 1) / 2) * price.input / 1e6
+            bill = self._group_prompt_tokens(outlook.plan) * price.input / 1e6
             best, best_rate = outlook, (outlook.saved_s - outlook.cost_s) / max(1e-12, bill)
         kind = self.kind(match)
         step = self.costs.step_seconds(1)

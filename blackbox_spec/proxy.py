@@ -50,7 +50,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 import httpx
 
-from ._bill import RELATIVE, Bill, Price
+from ._bill import RELATIVE_PRICE, Bill
 from ._exceptions import BlackboxSpecError, ConfigurationError, TargetHTTPError, redact, redact_chunks
 from ._stats import GenerationResult, GenerationStats
 from ._target import new_http_client
@@ -231,7 +231,7 @@ class ProxyMetrics:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["bill"], data["plain_bill"] = self.bill.to_dict(), self.plain_bill.to_dict()
-        relative = Price.parse(RELATIVE)
+        relative = RELATIVE_PRICE
         data["bill_vs_plain"] = round(relative.cost(self.bill) / relative.cost(self.plain_bill), 3) if relative.cost(self.plain_bill) else None
         for key in ("cost", "plain_cost"):
             data[key] = None if data[key] is None else round(data[key], 8)

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import httpx
 
-from .._bill import RELATIVE, Bill, Price
+from .._bill import RELATIVE_PRICE, Bill, Price
 from .._exceptions import PromptError, TargetError
 from .._stats import GenerationResult
 from ..client import SpecClient
@@ -89,7 +89,7 @@ class Report:
     configs: list[str]
     repeats: int
     cells: list[Cell] = field(default_factory=list)
-    price: Price = field(default_factory=lambda: Price.parse(RELATIVE))  # what bills are compared at
+    price: Price = RELATIVE_PRICE  # what bills are compared at
 
     def cell(self, prompt: str, config: str) -> Cell:
         return next(c for c in self.cells if c.prompt == prompt and c.config == config)
@@ -232,7 +232,7 @@ async def run_bench(
             raise PromptError(f"--chat needs prompts written as chat turns; these are raw text: {', '.join(raw)}")
         if raw and progress:
             progress(f"skipped (raw text, no chat form): {', '.join(raw)}")
-    report = Report(server or {"base_url": base_url}, [c.label for c in configs], repeats, price=price or Price.parse(RELATIVE))
+    report = Report(server or {"base_url": base_url}, [c.label for c in configs], repeats, price=price or RELATIVE_PRICE)
     report.server["fresh_client"] = fresh_client
     report.server["chat"] = chat
     report.server["profile"] = profile
