@@ -117,57 +117,75 @@ class Budget:
         return requests <= 0 or ESTIMATE_MARGIN * cost <= self.room(covers)
 
 
-# Offsets (tokens into a draft) a lone side branch is weighed at under a
-# budget: one branch far ahead bills one prompt for a long jump, where a
-# group of near ones bills one per few tokens.
-LONE_OFFSETS = (12, 24, 48, 96, 192, 384)
+# Spacings (tokens into a draft) of the side branches weighed under a
+# budget: one branch far ahead bills one prompt for a long jump, where the
+# time-optimal group of near ones bills one per few tokens.
+SPACINGS = (12, 24, 48, 96, 192, 384)
+MAX_SPACED = 4  # branches in one spaced group
 
 
 @dataclass(frozen=True)
-class LoneBranch:
-    """One side branch ``offset`` tokens into a draft, and what it should do."""
+class SpacedGroup:
+    """``branches`` side branches ``spacing``, 2 x ``spacing``, ... tokens
+    into a draft, and what they should do."""
 
-    offset: float
-    saved_s: float  # expected: the branch's lead when the stream reaches it, if the draft holds that far
-    prompt_tokens: float  # what it bills as prompt
-    # Expected output thrown away: where the draft breaks first, the branch
-    # has decoded while the stream walked to the break.
+    branches: int
+    spacing: float
+    # Expected: the chain's lead when the stream reaches the first branch,
+    # each branch whose draft prefix holds adding a spacing's worth.
+    saved_s: float
+    prompt_tokens: float  # what they bill as prompt, all together
+    # Expected output thrown away: a branch past the draft's first break
+    # decodes until the chain reaches the break.
     waste_tokens: float
+
+    @property
+    def reach(self) -> float:
+        """How far into the draft the last branch starts: the text gets
+        that far wherever the group is of any use."""
+        return self.branches * self.spacing
 
     def cost(self, price: Price) -> float:
         return (self.prompt_tokens * price.input + self.waste_tokens * price.output) / 1e6
 
 
-def lone_branches(hazard: float, draft_tokens: float, remaining: int, context_tokens: float, step_s: float, request_s: float) -> list[LoneBranch]:
-    """Each offset of ``LONE_OFFSETS`` a draft of ``draft_tokens`` reaches,
-    priced: the draft holds that far with probability ``(1-hazard)^offset``
-    (the run lengths' geometric model), and then the text jumps by what the
-    branch decoded while the stream walked to it (``offset`` steps less the
-    branch's first-token latency ``request_s``); where it breaks first, what
-    the branch decoded until then is billed for nothing.  Pure.
+def spaced_groups(hazard: float, draft_tokens: float, remaining: int, context_tokens: float, step_s: float, request_s: float) -> list[SpacedGroup]:
+    """Each group of 1-``MAX_SPACED`` branches at a spacing of ``SPACINGS``
+    that a draft of ``draft_tokens`` reaches, priced.  Branch j starts j
+    spacings in and is of use if the draft holds that far, with probability
+    ``(1-hazard)^offset`` (the run lengths' geometric model); when the
+    stream reaches the first branch, the chain jumps a spacing per branch
+    that holds, less the first branch's first-token latency ``request_s``
+    (the later ones have started by then).  A branch past the first break
+    decodes, for nothing, until the chain reaches the break (at most two
+    spacings' time).  Pure.
 
-    >>> [(round(b.saved_s, 2), round(b.waste_tokens)) for b in lone_branches(0.01, 100, 500, 400, 0.025, 0.15)]
-    [(0.13, 0), (0.35, 1), (0.65, 6), (0.86, 21)]
+    >>> [(g.branches, g.spacing, round(g.saved_s, 2), round(g.waste_tokens)) for g in spaced_groups(0.01, 100, 500, 400, 0.025, 0.15)]
+    [(1, 12, 0.13, 0), (2, 12, 0.37, 1), (3, 12, 0.58, 4), (4, 12, 0.76, 8), (1, 24, 0.35, 1), (2, 24, 0.72, 7), (3, 24, 1.01, 19), (4, 24, 1.24, 34), (1, 48, 0.65, 6), (2, 48, 1.11, 27), (1, 96, 0.86, 21)]
     """
     out = []
     h = min(0.999, max(1e-6, hazard))
-    lag = request_s / step_s  # steps before the branch writes anything
-    for offset in LONE_OFFSETS:
-        if offset > draft_tokens or offset >= remaining:
-            break
-        holds = (1.0 - h) ** offset
-        lead = max(0.0, offset * step_s - request_s)
-        waste = max(0.0, _expected_break(h, offset) - (1 - holds) * lag)
-        out.append(LoneBranch(offset, holds * lead, context_tokens + offset, waste))
+    lag = request_s / step_s  # steps before a branch writes anything
+    for spacing in SPACINGS:
+        saved = prompt = waste = 0.0
+        for j in range(1, MAX_SPACED + 1):
+            offset = j * spacing
+            if offset > draft_tokens or offset >= remaining:
+                break
+            holds = (1.0 - h) ** offset
+            saved += holds * (spacing * step_s - (request_s if j == 1 else 0.0))
+            prompt += context_tokens + offset
+            waste += max(0.0, _expected_break(h, offset, cap=2 * spacing) - (1 - holds) * lag)
+            out.append(SpacedGroup(j, spacing, max(0.0, saved), prompt, waste))
     return out
 
 
-def _expected_break(h: float, offset: int) -> float:
-    """E[run; run < offset] for a run of geometric length (a miss with
-    probability ``h`` per token): how far the stream walks before a break
-    that comes before ``offset``, weighed by its chance.
+def _expected_break(h: float, offset: int, cap: float = math.inf) -> float:
+    """E[min(run, cap); run < offset] for a run of geometric length (a miss
+    with probability ``h`` per token): how far the stream walks before a
+    break that comes before ``offset``, weighed by its chance.
 
     >>> round(_expected_break(0.5, 1), 3), round(_expected_break(0.01, 1000), 1)
     (0.0, 99.0)
     """
-    return sum(k * h * (1 - h) ** k for k in range(int(offset)))
+    return sum(min(k, cap) * h * (1 - h) ** k for k in range(int(offset)))

@@ -193,10 +193,36 @@ async def test_speculation_keeps_the_bill_within_its_limit(limit):
             sim = SimulatedTarget.preset("hosted", replay=True, model_name="sim", decode_s=0.008, rtt_s=0.048)
             async with client(sim, max_cost=max_cost, price=price) as c:
                 await c.probe_chat()  # (a fresh process's probe is the profile's to save; here, apart)
-                before = replace(sim.bill)
+                before, asked = replace(sim.bill), len(sim.requests)
                 result = await c.chat(prompt.messages, max_tokens=budget)
+            sent = sim.requests[asked:]
             assert result.text.encode() == b"".join(RECORDINGS[name].tokens)
             spent = Bill(*(getattr(sim.bill, k) - getattr(before, k) for k in ("requests", "prompt_tokens", "cached_tokens", "output_tokens")))
             bills[max_cost] = price.cost(spent) / price.cost(result.stats.plain_bill)
+            if max_cost is not None:
+                # The answer's opening copy goes out with its first request (a
+                # branch far into it pays for itself where it lands); weighed
+                # on the text so far alone, the first branch waited ~20 tokens.
+                first, branch = sent[0]["max_tokens"], sent[1]["max_tokens"]
+                assert branch == first and result.stats.jumps >= 1, (name, first, branch)
         assert bills[limit] <= limit * 1.02, (name, bills)
         assert bills[None] > limit, (name, bills)  # (unlimited, it would have spent more)
+
+
+def test_a_request_is_weighed_where_it_would_land():
+    # Plain's bill of the text so far is its prompt alone: a branch that
+    # bills a second prompt fits a limit of 2 only counting the text it
+    # would confirm (``covers``); and never past what that text pays for.
+    from blackbox_spec._bill import PromptSizes
+    from blackbox_spec._budget import Budget
+
+    class Text:
+        tokens = 0
+
+    price, bill = Price.parse("in=1,cached=0.25,out=4"), Bill()
+    budget = Budget(2.0, price, bill, PromptSizes(), ("completions", 350 * 4), Text())
+    prompt = budget.plain_cost() * 1e6  # (the prompt's tokens, estimated from its characters)
+    assert not budget.affords(prompt + 96)
+    assert budget.affords(prompt + 96, covers=96)
+    assert not budget.affords(3 * prompt, requests=3, covers=96)
+    assert budget.affords(3 * prompt, requests=3, covers=4 * prompt)

@@ -182,3 +182,15 @@ def test_the_pasted_texts_copy_goes_on_after_the_answers_first_tokens():
     d.update("```js\n", "", 0)
     assert d.propose(24) == "// settings for the load"
     assert d.last_match == -1
+
+
+def test_a_copy_of_the_conversation_ends_where_its_last_turn_does():
+    """A chat's text ends with "assistant:" and the answer follows it: a
+    copy of the pasted text that ran on past its turn drafted the
+    answer's own opening again (a third longer than any answer, and a side
+    branch far into it was billed for nothing)."""
+    prompt = "user:\nRename.\n\nfoo = 1\nbar = foo\n\nassistant:\n"
+    d = NGramDrafter(min_match=3)
+    d.start(prompt)
+    d.update("foo = 1\nb", "", 0)
+    assert d.propose(200) == "ar = foo"
