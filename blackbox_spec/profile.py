@@ -106,16 +106,18 @@ class ServerProfile:
         return profile_path(self.server, self.model)
 
 
-def profile_path(base_url: str, model: str) -> Path:
+def profile_path(base_url: str, model: str, root: Path | None = None) -> Path:
+    """Where the profile of ``model`` on ``base_url`` is kept, under ``root``
+    (default :func:`profiles_dir`)."""
     key = f"{server_name(base_url)}|{model}"
-    return profiles_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    return (root or profiles_dir()) / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
-def load_profile(base_url: str, model: str) -> ServerProfile | None:
+def load_profile(base_url: str, model: str, root: Path | None = None) -> ServerProfile | None:
     """The stored profile, or None (none yet, another version, or unreadable:
     a profile is only ever a head start, never a reason to fail)."""
     try:
-        data = json.loads(profile_path(base_url, model).read_text())
+        data = json.loads(profile_path(base_url, model, root).read_text())
         if not isinstance(data, dict) or data.get("version") != VERSION or data.get("server") != server_name(base_url) or data.get("model") != model:
             return None
         return ServerProfile(**{k: v for k, v in data.items() if k in ServerProfile.__dataclass_fields__})
@@ -123,11 +125,11 @@ def load_profile(base_url: str, model: str) -> ServerProfile | None:
         return None
 
 
-def save_profile(profile: ServerProfile) -> None:
+def save_profile(profile: ServerProfile, root: Path | None = None) -> None:
     """Write atomically (a concurrent reader sees the old file or the new
     one); a read-only cache only costs the head start."""
     profile.saved_at = time.time()
-    path = profile.path
+    path = profile_path(profile.server, profile.model, root)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".profile-", suffix=".json")
@@ -145,6 +147,9 @@ class ProfileStore:
 
     mode: str = "auto"
     profile: ServerProfile | None = None
+    # Where profiles are kept (default ``profiles_dir()``): ``bspec bench``
+    # gives each configuration its own, so one's drafts do not tune another's.
+    root: Path | None = None
     loaded: bool = False  # a stored profile was found and used
     chat_loaded: bool = False  # ... and its chat costs
     _checked: set[str] = field(default_factory=set)
@@ -154,7 +159,7 @@ class ProfileStore:
         """The stored profile to start from (``auto`` only), once per model."""
         if self.profile is not None and self.profile.model == model:
             return self.profile if self.loaded else None
-        stored = load_profile(base_url, model) if self.mode == "auto" else None
+        stored = load_profile(base_url, model, self.root) if self.mode == "auto" else None
         price = stored.price if stored is not None else None
         if stored is not None and time.time() - stored.probed_at > MAX_AGE_S:
             stored = None  # too old: measured again (and written over), its price kept
@@ -170,5 +175,5 @@ class ProfileStore:
             return
         now = time.monotonic()
         if force or self._last_save is None or now - self._last_save >= SAVE_EVERY_S:
-            save_profile(self.profile)
+            save_profile(self.profile, self.root)
             self._last_save = now

@@ -11,6 +11,7 @@ import pytest
 
 from blackbox_spec import ConfigurationError
 from blackbox_spec.bench.divergence import first_difference, resumed_plain_gives_spec
+from blackbox_spec.profile import profiles_dir
 from blackbox_spec.servers import models
 from blackbox_spec.testing import FakeTarget
 
@@ -48,6 +49,9 @@ def test_bench_writes_a_table_json_and_plots(url, tmp_path):
     assert {t["workload"] for t in report["totals"]} == {"code-edit", "free-form", "all"}
     for name in ("speedup.png", "acceptance.png", "acceptance_by_position.png", "frontier.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Each configuration kept its own server profile (one's drafts tuned the other's when shared).
+    kept = {d.name: [json.loads(f.read_text())["model"] for f in d.glob("*.json")] for d in profiles_dir().glob("bench-*")}
+    assert kept == {"bench-ngram_auto": ["fake-model"], "bench-ngram_echo": ["fake-model"]}
 
 
 def test_bench_rejects_an_unknown_prompt_in_one_line(url, tmp_path):

@@ -164,7 +164,7 @@ async def test_many_generations_write_the_profile_seldom_and_closing_writes_the_
 
     writes = []
     real = profile_module.save_profile
-    monkeypatch.setattr(profile_module, "save_profile", lambda p: (writes.append(p.generations), real(p)))
+    monkeypatch.setattr(profile_module, "save_profile", lambda p, root=None: (writes.append(p.generations), real(p, root)))
     sim = SimulatedTarget.preset("gpu", rtt_s=0.0, decode_s=0.0)
     async with SpecClient(URL, "k", sim.model_name, transport=sim.transport()) as client:
         for _ in range(5):

@@ -11,6 +11,7 @@ ratios of median wall times over the repeats.
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -23,6 +24,7 @@ from .._exceptions import PromptError, TargetError
 from .._stats import GenerationResult
 from ..client import SpecClient
 from ..drafters import SessionIndex
+from ..profile import profiles_dir
 from .divergence import Divergence, explain, first_difference
 from .oracle import BillLimits, OracleFn, measured_costs
 from .workloads import Prompt
@@ -241,8 +243,14 @@ async def run_bench(
 
     def new_client(c: Config) -> SpecClient:
         options = model_options if c.drafter in ("llama", "hf") else {}
-        return SpecClient(base_url, api_key, model, drafter=c.drafter, strategy=c.strategy, timeout=timeout, transport=transport, profile=profile,
-                          price=price, max_cost=c.max_cost, **options)
+        client = SpecClient(base_url, api_key, model, drafter=c.drafter, strategy=c.strategy, timeout=timeout, transport=transport, profile=profile,
+                            price=price, max_cost=c.max_cost, **options)
+        if len(configs) > 1:
+            # Each configuration keeps its own profile, as a user who runs
+            # only it would: one profile shared between them let the limited
+            # ones' drafts tune the unlimited one (1.66x against 1.78x alone).
+            client.profiles.root = profiles_dir() / f"bench-{re.sub(r'[^A-Za-z0-9.=-]+', '_', c.label)}"
+        return client
 
     spec_clients = {c.label: new_client(c) for c in configs}
     # The suffix drafter remembers a client's earlier outputs.  Each prompt and
