@@ -55,7 +55,7 @@ if os.environ.get("DECISIONS"):
         return r
     def _b(self, draft, match, *, remaining, **kw):
         r = _br(self, draft, match, remaining=remaining, **kw)
-        if r is not None: DEC.append(f"{time.perf_counter()*1000 % 100000:9.1f} BRANCHES {r.width}x{r.segment_chars} kind={self.kind(match)} draft={len(draft)} tps={self.outlook.tokens_per_s:.0f}" + (f" n={self.budget.output_tokens} spent={self.budget.spent():.0f} plain={self.budget.plain_cost():.0f} room={self.budget.room():.0f} cpt={self.chars_per_token:.2f} ctx={self.context_tokens:.0f} draft0={draft[:30]!r}" if self.budget else ""))
+        if r is not None: DEC.append(f"{time.perf_counter()*1000 % 100000:9.1f} BRANCHES {r.width}x{r.segment_chars} kind={self.kind(match)} draft={len(draft)} tps={self.outlook.tokens_per_s:.0f}" + (f" n={self.budget.output_tokens} spent={self.budget.spent()*1e6:.0f} plain={self.budget.plain_cost()*1e6:.0f} room={self.budget.room()*1e6:.0f} cpt={self.chars_per_token:.2f} ctx={self.context_tokens:.0f} draft0={draft[:30]!r}" if self.budget else ""))
         return r
     P.Policy.interrupt, P.Policy.branches = _i, _b
 
