@@ -973,9 +973,11 @@ class Policy:
         step = self.costs.step_seconds(1)
         hazard = self.runs["long"].hazard if kind in ("resync", "held") else self.runs[kind].hazard
         draft_tokens = len(draft) / self.chars_per_token
-        # A long copy of the prompt says how far the answer goes: an edit
-        # writes the rest of what it copies.
-        ahead = draft_tokens if kind in ("resync", "long", "held") else 0.0
+        # A long copy says how far the answer goes (an edit writes the rest
+        # of what it copies), never past its ``max_tokens``: a free-form
+        # answer repeating its own code block near the end was weighed as
+        # if it went 70 tokens past it, and billed 2.1x under a limit of 2.
+        ahead = min(draft_tokens, remaining) if kind in ("resync", "long", "held") else 0.0
         for group in spaced_groups(hazard, draft_tokens, remaining, self.context_tokens,
                                    step, self.costs.stream.fixed + self.costs.prefill_seconds(0)):
             net = group.saved_s - self.overhead_s()

@@ -226,3 +226,22 @@ def test_a_request_is_weighed_where_it_would_land():
     assert budget.affords(prompt + 96, covers=96)
     assert not budget.affords(3 * prompt, requests=3, covers=96)
     assert budget.affords(3 * prompt, requests=3, covers=4 * prompt)
+
+
+def test_a_long_copy_is_not_weighed_past_the_answers_max_tokens():
+    # 220 tokens written, a 190-token copy ahead, and a bill that leaves room
+    # for one more branch only if the text went on past the answer's end.
+    from blackbox_spec._bill import PromptSizes
+    from blackbox_spec._budget import Budget
+    from blackbox_spec.policy import Policy, ServerCosts
+
+    class Text:
+        tokens = 220
+
+    policy = Policy(["branches"], ServerCosts(round_trip_s=0.15))
+    policy.context_tokens = 313 + Text.tokens
+    spent = Bill(requests=2, prompt_tokens=1000, output_tokens=300)  # 2,200 at relative prices
+    policy.budget = Budget(2.0, Price.parse("in=1,cached=0.25,out=4"), spent, PromptSizes(), ("chat", 313 * 7 // 2), Text())
+    draft = "x = 1\n" * 110
+    assert policy._billed_outlook(draft, 64, 400, None) is not None  # (the answer may go on: it fits)
+    assert policy._billed_outlook(draft, 64, 30, None) is None  # 30 tokens left: it does not
