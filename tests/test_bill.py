@@ -245,3 +245,19 @@ def test_a_long_copy_is_not_weighed_past_the_answers_max_tokens():
     draft = "x = 1\n" * 110
     assert policy._billed_outlook(draft, 64, 400, None) is not None  # (the answer may go on: it fits)
     assert policy._billed_outlook(draft, 64, 30, None) is None  # 30 tokens left: it does not
+
+
+async def test_on_a_gpu_server_echo_checks_drafts_instead_of_wide_groups():
+    """No limit (a private GPU server): the speed is what counts, but
+    groups of 16 side branches, each carrying the whole context, sent 80x
+    plain's prompt tokens on this edit for no more speed than one echo
+    request a draft (``Tuning.cheap_echo_width``).  (Steps of 30 ms, not
+    15: an echo round stays a few steps on a loaded machine.)"""
+    recording = RECORDINGS["r-deploy-yaml"]
+    sim = SimulatedTarget.preset("gpu", replay=True, model_name="sim")
+    async with client(sim) as c:
+        result = await c.generate(recording.prompt, max_tokens=len(recording.tokens) + 1)
+    assert result.text.encode() == b"".join(recording.tokens)
+    stats = result.stats
+    assert stats.strategy_rounds.get("echo", 0) >= 2, stats.strategy_rounds
+    assert stats.bill.prompt_tokens < 20 * stats.plain_bill.prompt_tokens, stats.bill

@@ -125,8 +125,9 @@ async def test_the_fakes_own_compute_counts_against_the_modelled_prefill(monkeyp
 @pytest.mark.parametrize("name", ["rename-js", "story"])
 async def test_speculation_is_exact_on_every_simulated_server(preset, name, capsys):
     """A fresh client on each preset, with real recorded text: the answer is
-    the plain call's; on a GPU-like server an edit jumps ahead on side
-    branches, on a one-slot server none is ever reached (it queues them)."""
+    the plain call's; on a GPU-like server an edit's drafts are taken (by
+    echo rounds or side branches), on a one-slot server no side branch is
+    ever reached (it queues them)."""
     # Costs scaled down 5x to keep the suite quick; their ratios are the preset's.
     costs = PRESETS[preset]
     sim = SimulatedTarget.preset(preset, replay=True, decode_s=costs.decode_s / 5, rtt_s=costs.rtt_s / 5, prefill_s=costs.prefill_s / 5, overhead_s=costs.overhead_s / 5)
@@ -144,7 +145,8 @@ async def test_speculation_is_exact_on_every_simulated_server(preset, name, caps
         await asyncio.sleep(0.05)  # (closed branches' cancellations land)
         assert sim.running == 0  # every slot given back, closed branches' too
         if label == "spec" and name == "rename-js" and preset == "gpu":
-            assert result.stats.jumps >= 1
+            stats = result.stats
+            assert stats.jumps + stats.strategy_rounds.get("echo", 0) >= 1 and stats.accepted_tokens >= 20, stats.to_dict()
         if label == "spec" and preset == "one-slot":
             assert result.stats.jumps == 0
     with capsys.disabled():

