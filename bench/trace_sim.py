@@ -13,6 +13,8 @@ copy-oracle's run, or all of it, or the source from where the run is found
 on: a copy drafter that always knows where to copy from), or the n-gram's
 drafts all reported as long matches: the verification machinery measured apart from the drafter.
 Env PROFILE=auto keeps a saved profile between prompts (as a user's later processes do).
+Env CHAT_PREFILL=prefix|trailing|llama serves chat in that form (``FakeTarget.chat_prefill``;
+"prefix": Mistral's, a final assistant message continued only with ``"prefix": true``).
 Env TUNE="segment_tokens=(1,2);widths=(2,4)" overrides ``policy.TUNING``
 fields, FANOUT sets the client's fanout_width.
 
@@ -142,7 +144,7 @@ DRAFTER = os.environ.get("DRAFTER", "ngram")
 MAX_COST = None if os.environ.get("MAX_COST", "inf") == "inf" else float(os.environ["MAX_COST"])
 
 async def main(preset, name, strategy="auto", verbose=True):
-    sim = SimulatedTarget.preset(preset, replay=True, model_name="sim")
+    sim = SimulatedTarget.preset(preset, replay=True, model_name="sim", **({"chat_prefill": os.environ["CHAT_PREFILL"]} if os.environ.get("CHAT_PREFILL") else {}))
     p = next(p for p in REAL_PROMPTS if p.name == name)
     chat = not sim.completions
     plain = SpecClient(f"http://sim-{preset}/v1", None, "sim", drafter=None, transport=sim.transport())

@@ -13,8 +13,10 @@ Whether and how a server continues a partial assistant message is learned
 by :func:`probe_chat`, never assumed:
 
 * vLLM and SGLang continue it when asked (``continue_final_message`` with
-  ``add_generation_prompt=false``); llama.cpp's server always does;
-  OpenAI's API starts a new turn instead.
+  ``add_generation_prompt=false``); llama.cpp's server, TGI and Groq
+  continue a trailing assistant message as it is; Mistral, and DeepSeek on
+  its ``/beta`` URL, when that message says ``"prefix": true``; OpenAI's
+  API starts a new turn instead (``CONTINUE_FORMS``, tried in that order).
 * A chat template may strip whitespace from messages (Gemma's ``| trim``;
   transformers also cuts trailing whitespace when the template moved it).
   Then "Hello\\n" is continued as if it were "Hello", and the text would
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
 
 from ._exceptions import PromptError, TargetError, TargetHTTPError, TargetResponseError
@@ -38,6 +40,14 @@ from ._tokens import AlignmentError, Unit, count_tokens
 
 # The request fields that make vLLM / SGLang continue the final message.
 CONTINUE_FIELDS = {"continue_final_message": True, "add_generation_prompt": False}
+# The ways a chat API is asked to continue a final assistant message: (request
+# fields, fields on that message).  A bare trailing message before Mistral's
+# ``prefix`` (which llama.cpp would ignore, and Mistral refuses the bare one).
+CONTINUE_FORMS: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = (
+    (CONTINUE_FIELDS, {}),
+    ({}, {}),
+    ({}, {"prefix": True}),
+)
 _REFUSALS = (400, 422, 501)
 _PROBE_MESSAGES = [{"role": "user", "content": "Count from 1 to 40, separated by spaces. Reply with the numbers only."}]
 
@@ -62,10 +72,18 @@ class ChatSupport:
     # The continuation the probe saw work (kept in the profile: the next
     # process checks it again in one round, see ``probe_chat``).
     check: "ContinueCheck | None" = None
+    # Fields the continued assistant message itself carries (Mistral's
+    # ``{"prefix": true}``); with ``prefill``, one of ``CONTINUE_FORMS``.
+    prefill_message: dict[str, Any] = field(default_factory=dict)
 
     @property
     def speculative(self) -> bool:
         return self.reason is None
+
+    @property
+    def continue_form(self) -> str | None:
+        """The continuation form's name (``form_name``); None: none works."""
+        return None if self.prefill is None else form_name(self.prefill, self.prefill_message)
 
 
 @dataclass(frozen=True)
@@ -82,6 +100,25 @@ class ContinueCheck:
     # (``ChatTurn.side_stream``).  None: a profile from before it was kept.
     prefill: dict[str, Any] | None = None
     repeats_prefill: bool = False
+    prefill_message: dict[str, Any] = field(default_factory=dict)
+
+
+def form_name(fields: dict[str, Any], message: dict[str, Any]) -> str:
+    """How a continuation form is named to users.
+
+    >>> form_name(CONTINUE_FIELDS, {}), form_name({}, {"prefix": True}), form_name({}, {})
+    ('continue_final_message', 'prefix: true', 'trailing assistant message')
+    """
+    if fields.get("continue_final_message"):
+        return "continue_final_message"
+    if message.get("prefix"):
+        return "prefix: true"
+    return "trailing assistant message"
+
+
+def continued_messages(messages: list[dict[str, Any]], partial: str, message_fields: dict[str, Any]) -> list[dict[str, Any]]:
+    """``messages`` followed by the assistant message ``partial`` to be continued."""
+    return messages + [{"role": "assistant", "content": partial, **message_fields}]
 
 
 def conversation_text(messages: list[dict[str, Any]]) -> str:
@@ -170,7 +207,7 @@ class ChatTurn:
         if support is None or support.prefill is None:
             raise TargetError(f"{self.api.base_url} cannot continue a partial assistant message, so this chat turn cannot resume part-way")
         repeated = partial if support.repeats_prefill else ""
-        return self.messages + [{"role": "assistant", "content": partial}], {**support.prefill, **self.extra}, repeated
+        return continued_messages(self.messages, partial, support.prefill_message), {**support.prefill, **self.extra}, repeated
 
     async def side_confirmed(self) -> bool:
         """May a side branch's text be taken?  Yes unless one went out under
@@ -185,7 +222,8 @@ class ChatTurn:
                 return False
         used, support = self.provisional, self.support
         return (support is not None and used is not None and support.speculative
-                and support.prefill == used.prefill and support.repeats_prefill == used.repeats_prefill)
+                and support.prefill == used.prefill and support.prefill_message == used.prefill_message
+                and support.repeats_prefill == used.repeats_prefill)
 
     async def complete(self, prompt: str, *, max_tokens: int, logprobs: int | None = None, echo: bool = False, stop: list[str] | None = None,
                        earlier: Aligned | None = None, stable: int | None = None) -> Completion:
@@ -314,8 +352,8 @@ def _prompt_units(c: Completion, content: str, offset: int) -> list[Unit] | None
 
 async def probe_chat(api: TargetAPI, known: ContinueCheck | None = None) -> ChatSupport:
     """Learn how this server's chat endpoint can be verified: a plain call,
-    then 6 small calls at once (twice that where the continue fields are
-    refused or ignored).  With ``known`` (what an earlier process's probe
+    then 6 small calls at once for each continuation form tried
+    (``CONTINUE_FORMS``, until one works).  With ``known`` (what an earlier process's probe
     saw, from the profile) the plain call is skipped: the continuation is
     checked against it in one round, and only where that fails does the
     full probe run.  (A stale ``known`` can only fail: a server that
@@ -347,6 +385,35 @@ async def probe_chat(api: TargetAPI, known: ContinueCheck | None = None) -> Chat
     return await _check_continuing(api, check, round_trip)
 
 
+async def continue_forms(api: TargetAPI) -> dict[str, str]:
+    """How the server answers each continuation form (``CONTINUE_FORMS``),
+    by name, for ``bspec probe``: one plain answer (no logprobs needed),
+    then its first half sent back in each form, at once.  "continues",
+    "repeats the message, then continues", "answers anew" (a new turn, or
+    fields ignored) or "refused (HTTP n)".  The client's own probe
+    (``probe_chat``) stops at the first form that works."""
+    plain = await api.chat(_PROBE_MESSAGES, max_tokens=16)
+    text = plain.text
+    cut = text.rfind(" ", 0, len(text) // 2 + 1)
+    if cut <= 0:
+        return {form_name(*form): "untested (the probe's answer had no space to cut it at)" for form in CONTINUE_FORMS}
+    partial, rest = text[:cut], text[cut:]
+
+    async def answer(fields: dict[str, Any], message: dict[str, Any]) -> str:
+        try:
+            got = (await api.chat(continued_messages(_PROBE_MESSAGES, partial, message), max_tokens=16, extra=fields)).text
+        except TargetHTTPError as exc:
+            return f"refused (HTTP {exc.status_code})"
+        if got.startswith(partial + rest):
+            return "repeats the message, then continues"
+        if got and (got.startswith(rest) or rest.startswith(got)):
+            return "continues"
+        return "answers anew"
+
+    answers = await asyncio.gather(*(answer(*form) for form in CONTINUE_FORMS))
+    return {form_name(*form): said for form, said in zip(CONTINUE_FORMS, answers)}
+
+
 _PREDICTION_PROBE = {"type": "content", "content": "1 2 3 4 5 6 7 8 9 10 11 12"}
 
 
@@ -371,28 +438,28 @@ async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: fl
     which fields, and may its template and prompt logprobs be trusted?
     (``round_trip``: None takes the continuation's own time.)"""
     partial, rest = check.partial, check.rest
-    prefilled = _PROBE_MESSAGES + [{"role": "assistant", "content": partial}]
 
-    async def continued(fields: dict[str, Any]) -> Completion | None:
-        """The answer to the prefilled message under ``fields``; None: refused."""
+    async def continued(fields: dict[str, Any], message: dict[str, Any]) -> Completion | None:
+        """The answer to the prefilled message in this form; None: refused."""
         try:
-            return await api.chat(prefilled, max_tokens=check.rest_tokens, extra=fields)
+            return await api.chat(continued_messages(_PROBE_MESSAGES, partial, message), max_tokens=check.rest_tokens, extra=fields)
         except TargetHTTPError as exc:
             if exc.status_code not in _REFUSALS:
                 raise
             return None
 
-    async def prompt_tokens(content: str, fields: dict[str, Any]) -> int:
-        c = await api.chat(_PROBE_MESSAGES + [{"role": "assistant", "content": content}], max_tokens=1, extra=fields)
+    async def prompt_tokens(content: str, fields: dict[str, Any], message: dict[str, Any]) -> int:
+        c = await api.chat(continued_messages(_PROBE_MESSAGES, content, message), max_tokens=1, extra=fields)
         return c.usage.prompt_tokens
 
-    async def trims(fields: dict[str, Any]) -> bool | None:
+    async def trims(fields: dict[str, Any], message: dict[str, Any]) -> bool | None:
         """Does the template strip whitespace from a prefilled message?  None: no usage to tell by."""
-        bare, spaced, led, led_spaced = await asyncio.gather(*(prompt_tokens(t, fields) for t in ("1 2", "1 2\n\n", "\n1 2", "\n1 2\n\n")))
+        bare, spaced, led, led_spaced = await asyncio.gather(*(prompt_tokens(t, fields, message) for t in ("1 2", "1 2\n\n", "\n1 2", "\n1 2\n\n")))
         return None if not bare else spaced <= bare or led_spaced <= led
 
-    async def prompt_logprobs(fields: dict[str, Any]) -> bool:
+    async def prompt_logprobs(fields: dict[str, Any], message: dict[str, Any]) -> bool:
         try:
+            prefilled = continued_messages(_PROBE_MESSAGES, partial, message)
             echoed = await api.chat(prefilled, max_tokens=1, logprobs=True, extra={**fields, "prompt_logprobs": 1})
             return echoed.prompt_logprobs is not None and content_start(prompt_positions(echoed.prompt_logprobs)[0], partial) is not None
         except (TargetHTTPError, TargetResponseError, TypeError, KeyError, ValueError, AttributeError):
@@ -400,14 +467,16 @@ async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: fl
 
     # vLLM's and SGLang's fields first, with the checks that depend on them
     # at once (one round trip, not three, on the servers that take them:
-    # a fresh process pays for this probe); then without fields (llama.cpp
-    # continues unasked), where they were refused or not honoured.
+    # a fresh process pays for this probe); then the other forms
+    # (``CONTINUE_FORMS``), where they were refused or not honoured.  A
+    # profile's check tries its own form first.
     answered = ""
-    for fields in (CONTINUE_FIELDS, {}):
-        checks = asyncio.gather(trims(fields), prompt_logprobs(fields))
+    known = (check.prefill, check.prefill_message) if check.prefill is not None else None
+    for fields, message in sorted(CONTINUE_FORMS, key=lambda form: form != known):
+        checks = asyncio.gather(trims(fields, message), prompt_logprobs(fields, message))
         answer = None
         try:
-            answer = await continued(fields)
+            answer = await continued(fields, message)
             if answer is not None and answer.text in (rest, partial + rest):
                 trimmed, echoes = await checks
                 break
@@ -427,5 +496,5 @@ async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: fl
     else:
         reason = None
     seconds = answer.elapsed if round_trip is None else round_trip
-    kept = replace(check, prefill=prefill, repeats_prefill=repeats) if reason is None else None
-    return ChatSupport(True, prefill, echoes and reason is None, seconds, reason, repeats_prefill=repeats, check=kept)
+    kept = replace(check, prefill=prefill, repeats_prefill=repeats, prefill_message=dict(message)) if reason is None else None
+    return ChatSupport(True, prefill, echoes and reason is None, seconds, reason, repeats_prefill=repeats, check=kept, prefill_message=dict(message))

@@ -371,7 +371,8 @@ class SpecClient:
         check = self._stored_check()
         if check is None or check.prefill is None:
             return None
-        return ChatSupport(True, dict(check.prefill), False, 0.0, repeats_prefill=check.repeats_prefill, check=check)
+        return ChatSupport(True, dict(check.prefill), False, 0.0, repeats_prefill=check.repeats_prefill, check=check,
+                           prefill_message=dict(check.prefill_message or {}))
 
     async def _chat_profiled(self) -> bool:
         """A stored profile holds this server's chat costs (an earlier process

