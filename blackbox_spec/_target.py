@@ -36,6 +36,7 @@ from ._exceptions import (
 from ._bill import PromptSizes, StreamTally, record_answer
 from ._cancel import ShieldedCloseTransport
 from ._resume_align import Aligned, align_prompt
+from ._scoring import sglang_as_echo, sglang_body
 from ._retry import RetryPolicy, is_retryable, parse_retry_after
 from ._tokens import OPAQUE, AlignmentError, Unit, align_tokens, is_token_id, mark_inexact, with_last_bytes
 
@@ -193,6 +194,9 @@ class TargetAPI:
         self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
         self.in_flight = 0
         self.peak_in_flight = 0
+        # How one call scores a whole prompt (``_scoring.SCORING_FORMS``): vLLM's
+        # completions echo, or SGLang's native /generate (the probe decides).
+        self.scoring = "echo"
         self._tokenizes: str | bool | None = None  # how /tokenize is asked ("vllm", "llama"), False: it isn't there
         self._learning_tokenize = asyncio.Lock()
         # Seen to list fewer tokens than it generated (llama.cpp leaves out
@@ -243,14 +247,15 @@ class TargetAPI:
             if self._slots is not None:
                 self._slots.release()
 
-    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
-        """One call, retried on transient failures (see :mod:`._retry`)."""
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *, at_root: bool = False) -> httpx.Response:
+        """One call, retried on transient failures (see :mod:`._retry`);
+        ``at_root``: ``path`` is at the server's root, not under ``/v1``."""
         async for attempt in self.retries.retrying(self._count_retry):
             with attempt:
                 self.calls += 1
                 try:
                     async with self._slot():
-                        response = await self._client.request(method, self._url + path, json=body, headers=self._headers)
+                        response = await self._client.request(method, (self.root if at_root else self._url) + path, json=body, headers=self._headers)
                 except httpx.HTTPError as exc:
                     raise self._connection_error(exc) from None
                 if response.status_code >= 400:
@@ -438,16 +443,24 @@ class TargetAPI:
         ``earlier`` is the last round's prompt alignment, picked up where
         this prompt begins the same way, in its first ``stable`` characters
         (``_resume_align``); a long prompt is aligned off the event loop."""
-        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-        if logprobs is not None:
-            body["logprobs"] = logprobs
-        if echo:
-            body["echo"] = True
-        if stop:
-            body["stop"] = stop
-        started = time.perf_counter()
-        response = await self._post("/completions", body)
-        data = self._json(response)
+        if echo and self.scoring == "sglang":
+            started = time.perf_counter()
+            answer = self._json(await self._request("POST", "/generate", sglang_body(prompt, max_tokens, logprobs, stop), at_root=True))
+            try:
+                data = sglang_as_echo(prompt, answer)
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+                raise TargetResponseError(self._fail(f"malformed /generate answer from {self.base_url}: {type(exc).__name__}: {exc}")) from None
+        else:
+            body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+            if logprobs is not None:
+                body["logprobs"] = logprobs
+            if echo:
+                body["echo"] = True
+            if stop:
+                body["stop"] = stop
+            started = time.perf_counter()
+            response = await self._post("/completions", body)
+            data = self._json(response)
         await self._name_token_ids(data)
         parse = functools.partial(self._parse, data, prompt if echo else None, time.perf_counter() - started, earlier=earlier, stable=stable)
         completion = await asyncio.to_thread(parse) if echo and len(prompt) > THREAD_CHARS else parse()

@@ -28,6 +28,7 @@ from ._retry import RetryPolicy
 from ._stopping import DEFAULT_RULE, RULES, single_stop_rule
 from ._target import TargetAPI, message_chars, resolve_settings
 from ._tokens import AlignmentError
+from ._scoring import SCORING_FORMS
 from .chat import ChatSupport, ChatTurn, ContinueCheck, check_messages, probe_chat, probe_predictions
 from .drafters import Drafter, DrafterFactory, SessionIndex, drafter_factory
 from .drafters.prediction import PredictionDrafter
@@ -279,6 +280,8 @@ class SpecClient:
             if stored.capabilities and stored.costs:
                 self.capabilities = Capabilities(**stored.capabilities)
                 self.costs = ServerCosts.from_dict(stored.costs, LOADED_WEIGHT)
+                if self.capabilities.scoring in SCORING_FORMS:
+                    self.api.scoring = self.capabilities.scoring
         except (TypeError, KeyError, ValueError):  # a profile from other code: start afresh
             self.capabilities = self.costs = None
         try:

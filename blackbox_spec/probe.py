@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._exceptions import TargetError, TargetHTTPError, TargetResponseError
+from ._scoring import SCORING_FORMS
 from ._stopping import rule_test
 from ._target import TargetAPI
 from ._tokens import AlignmentError
@@ -45,6 +46,8 @@ class ProbeReport:
     fanout_s: dict[int, float] = field(default_factory=dict)  # width -> seconds for width x 16 tokens
     fanout_gain: dict[int, float] = field(default_factory=dict)  # width -> tokens/s relative to width 1
     stop_rule: str | None = None  # which stop string wins when several complete at once (``_stopping``)
+    # How one call scores a prompt where ``echo`` (``_scoring.SCORING_FORMS``).
+    scoring: str | None = None
     # False: the server refused ``/completions`` (a chat-only hosted API).
     completions: bool = True
     # The chat endpoint: each continuation form's answer (``chat.continue_forms``),
@@ -110,11 +113,19 @@ async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, .
     long = statistics.median([await _timed(api.complete(prompt, max_tokens=33)) for _ in range(repeats)])
     report.decode_s_per_token = max(0.0, (long - report.round_trip_s) / 32)
 
-    try:
-        echoed = await api.complete(prompt, max_tokens=1, logprobs=1, echo=True)
-        report.echo = echoed.echoed and bool(echoed.prompt_units)
-    except (TargetHTTPError, TargetResponseError) as exc:
-        report.notes.append(f"echo refused: {exc}")
+    for form in SCORING_FORMS:  # vLLM's completions echo, else SGLang's /generate
+        api.scoring = form
+        try:
+            echoed = await api.complete(prompt, max_tokens=1, logprobs=1, echo=True)
+            report.echo = echoed.echoed and bool(echoed.prompt_units)
+        except (TargetHTTPError, TargetResponseError) as exc:
+            if form == "echo":
+                report.notes.append(f"echo refused: {exc}")
+        if report.echo:
+            report.scoring = form
+            break
+    else:
+        api.scoring = "echo"
     if report.echo:
         tokens_per_filler = max(1, echoed.usage.prompt_tokens // 2)
         for n in contexts:
@@ -225,7 +236,8 @@ def _describe_chat(chat: dict[str, Any] | None) -> list[str]:
 def describe(report: ProbeReport) -> list[str]:
     lines = [
         f"server {report.base_url}  model {report.model}",
-        f"  logprobs: {'yes' if report.logprobs else 'no'}   echo (prompt logprobs): {'yes' if report.echo else 'no'}" if report.completions else
+        f"  logprobs: {'yes' if report.logprobs else 'no'}   echo (prompt logprobs): {'yes' if report.echo else 'no'}"
+        f"{' (SGLang /generate)' if report.scoring == 'sglang' else ''}" if report.completions else
         "  completions: none (chat only)",
         f"  round trip {report.round_trip_s * 1000:.0f} ms   decode {report.decode_s_per_token * 1000:.1f} ms/token"
         f" ({1 / report.decode_s_per_token:.1f} tok/s)" if report.decode_s_per_token and report.completions else "",

@@ -59,6 +59,9 @@ class Capabilities:
     # (``_tokens.align_tokens``): False where they don't fit (a convention
     # the aligner does not know), and nothing is speculated on them.
     token_strings_fit: bool = True
+    # How one call scores a prompt where ``echo``: "echo" (vLLM's completions
+    # echo) or "sglang" (SGLang's native /generate; ``_scoring``).
+    scoring: str = "echo"
 
 
 @dataclass
@@ -89,7 +92,7 @@ async def probe_server(api: TargetAPI) -> tuple[Capabilities, ServerCosts]:
         costs.stream.per_token = plain.per_token_s
     if plain.logprobs and plain.fit:
         await _probe_batch(api, costs, plain, BATCH_PROBE_WIDTH)
-    return Capabilities(echo=echo, logprobs=plain.logprobs, round_trip_s=plain.first_s, token_strings_fit=plain.fit), costs
+    return Capabilities(echo=echo, logprobs=plain.logprobs, round_trip_s=plain.first_s, token_strings_fit=plain.fit, scoring=api.scoring), costs
 
 
 async def _probe_plain(api: TargetAPI) -> _TimedStream:
@@ -126,8 +129,23 @@ async def _timed_stream(api: TargetAPI, prompt: str, logprobs: int | None) -> _T
 
 
 async def _probe_echo(api: TargetAPI) -> tuple[bool, float | None, list[tuple[int, float]]]:
-    """Whether echo is offered, one small echo call's seconds, and
-    (context tokens, seconds) of it and a longer one (``ECHO_PROBE_PROMPT``)."""
+    """Whether one call scores a prompt (vLLM's completions echo, else
+    SGLang's ``/generate``: ``api.scoring`` is left on the form that did),
+    one small call's seconds, and (context tokens, seconds) of it and a
+    longer one (``ECHO_PROBE_PROMPT``)."""
+    offered, seconds, sizes = await _probe_scoring(api)
+    if not offered:
+        api.scoring = "sglang"
+        try:
+            offered, seconds, sizes = await _probe_scoring(api)
+        except Exception:  # noqa: BLE001 - any failure (a transport that has no such path, say): not offered
+            offered = False
+        if not offered:
+            api.scoring = "echo"
+    return offered, seconds, sizes
+
+
+async def _probe_scoring(api: TargetAPI) -> tuple[bool, float | None, list[tuple[int, float]]]:
     try:
         echoed = await api.complete(BATCH_PROBE_PROMPT, max_tokens=1, logprobs=1, echo=True)
     except TargetHTTPError as exc:

@@ -421,6 +421,10 @@ class FakeTarget:
     timings_per_token: bool = True
     # ``/tokenize`` and ``/detokenize`` at the server's root (vLLM, llama.cpp; hosted APIs have none).
     tokenize: bool = True
+    # SGLang's native ``/generate`` at the server's root, which scores the
+    # prompt (``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``);
+    # pair with ``echo="ignore"``: its ``/v1/completions`` echo gives no prompt logprobs.
+    sglang_generate: bool = False
     # ``/v1/completions`` offered (self-hosted servers); many hosted APIs serve chat only.
     completions: bool = True
     # The chat template: "plain" ("User:\n..."), or "chatml" (Qwen's
@@ -574,6 +578,8 @@ class FakeTarget:
         if method == "POST" and path.endswith("/detokenize") and not path.startswith("/v1"):
             ids = json.loads(content or b"{}").get("tokens") or []
             return 200, {"prompt": self.tokenizer.decode(int(i) for i in ids)}, None
+        if self.sglang_generate and method == "POST" and path.endswith("/generate") and not path.startswith("/v1"):
+            return self._sglang(json.loads(content or b"{}"))
         if method != "POST" or not path.endswith("/completions"):
             return self._error(404, f"Not Found: {path}", "NotFoundError")
         try:
@@ -785,6 +791,35 @@ class FakeTarget:
             answer["timings"] = {"predicted_n": len(out)}  # llama.cpp's server sends its timings
             answer["system_fingerprint"] = LLAMA_FINGERPRINT
         return 200, answer, None
+
+    def _sglang(self, body: dict) -> tuple[int, dict, list | None]:
+        """SGLang's ``/generate``, as its documentation shapes it: ``text`` and
+        ``sampling_params`` in; the answer's ``text`` and ``meta_info`` with
+        ``[logprob, token_id, token_text]`` lists for the prompt (from
+        ``logprob_start_len``; the first has no logprob) and the output, and
+        the top ``top_logprobs_num`` per position.  (Top candidates' ids are
+        not kept by the fake: null.)"""
+        prompt, params = body["text"], body.get("sampling_params") or {}
+        if not isinstance(prompt, str) or not isinstance(params, dict):
+            return self._error(400, "text must be a string and sampling_params an object", "BadRequestError")
+        stop = params.get("stop") or []
+        prompt_ids = self.tokenizer.encode(prompt)
+        answer = self._decode(prompt_ids, int(params.get("max_new_tokens", 128)), [stop] if isinstance(stop, str) else list(stop))
+        out, scored = answer.ids, bool(body.get("return_logprob"))
+        self.requests.append(dict(body, _generated=len(out), _prefilled=len(prompt_ids) if scored else 0, _prompt_ids=prompt_ids, _generated_ids=out))
+        meta: dict[str, Any] = {"id": "fake", "prompt_tokens": len(prompt_ids), "completion_tokens": len(out), "cached_tokens": 0,
+                                "finish_reason": {"type": answer.finish} if answer.finish != "stop" else {"type": "stop", "matched": None}}
+        if scored:
+            start = max(0, int(body.get("logprob_start_len", -1))) if int(body.get("logprob_start_len", -1)) >= 0 else len(prompt_ids)
+            listed = lambda entries: [[lp, token, text if body.get("return_text_in_logprobs") else None] for token, text, lp, _ in entries]
+            tops = lambda entries: [None if top is None else [[lp, None, text] for text, lp in sorted(top.items(), key=lambda kv: -kv[1])][: int(body.get("top_logprobs_num", 0))]
+                                    for _, _, _, top in entries]
+            prompt_entries = self._rendered(prompt_ids, self._rankings([], prompt_ids), self.prompt_form)[start:]
+            out_entries = self._rendered(out, self._rankings(prompt_ids, out))
+            meta |= {"input_token_logprobs": listed(prompt_entries), "output_token_logprobs": listed(out_entries)}
+            if body.get("top_logprobs_num"):
+                meta |= {"input_top_logprobs": tops(prompt_entries), "output_top_logprobs": tops(out_entries)}
+        return 200, {"text": answer.shown(stream=False), "meta_info": meta}, None
 
     def _rankings(self, before: list[int], ids: list[int]) -> list[tuple | None]:
         """The model's top two at each of ``ids``' positions, after ``before``
@@ -1061,12 +1096,14 @@ def main() -> None:  # pragma: no cover - exercised by the CLI subprocess tests
                         help="how chat treats a final assistant message: vLLM's continue_final_message, llama.cpp's prefill (repeated), "
                              "continued as it is (TGI, Groq), only with \"prefix\": true on it (Mistral, DeepSeek), or a new turn (OpenAI)")
     parser.add_argument("--no-completions", action="store_true", help="serve chat only (/completions answers 404, as hosted APIs do)")
+    parser.add_argument("--sglang-generate", action="store_true", help="serve SGLang's native /generate at the root, which scores prompts "
+                        "(with --echo ignore, as SGLang's /v1/completions echo gives no prompt logprobs)")
     args = parser.parse_args()
     model = FakeModel(FakeTokenizer(byte_level=args.byte_level), deviate_every=args.deviate_every)
     fake = FakeTarget(model_name=args.model, echo=args.echo, model=model, latency=args.latency_ms / 1000,
                       decode_s=args.decode_ms / 1000, prefill_s=args.prefill_ms / 1000, api_key=args.api_key,
                       context_window=args.context_window, token_form=args.token_form, stop_rule=args.stop_rule,
-                      chat_prefill=args.chat_prefill, completions=not args.no_completions)
+                      chat_prefill=args.chat_prefill, completions=not args.no_completions, sglang_generate=args.sglang_generate)
     faults = None
     if args.fault_rate:
         faults = Faults(rate=args.fault_rate, seed=args.fault_seed, **({"kinds": tuple(args.fault_kinds)} if args.fault_kinds else {}))

@@ -1,0 +1,100 @@
+"""One-call scoring forms beyond vLLM's completions echo (``_scoring``):
+SGLang's native ``/generate``, found by the probe where ``/v1/completions``
+echo gives no prompt logprobs, used by echo rounds, kept in the profile,
+and exact."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import respx
+
+from blackbox_spec import SpecClient
+from blackbox_spec._exceptions import TargetResponseError
+from blackbox_spec._scoring import sglang_as_echo
+from blackbox_spec.testing import FakeTarget
+
+from .conftest import API_KEY, BASE_URL, PROMPTS, client_for, over_http
+
+ROOT = BASE_URL.removesuffix("/v1")
+
+
+def sglang_like() -> FakeTarget:
+    """SGLang: its /v1/completions ignores echo's prompt logprobs, its root
+    /generate scores the prompt."""
+    return FakeTarget(echo="ignore", sglang_generate=True)
+
+
+@pytest.mark.parametrize("name", ["code", "json", "emoji"])
+async def test_echo_rounds_on_sglang_score_with_generate_and_stay_exact(name):
+    prompt = PROMPTS[name] * 3
+    with over_http(sglang_like()) as (fake, url):
+        async with SpecClient(url, None, "fake-model", strategy="echo", profile="off") as client:
+            caps = await client.probe()
+            result = await client.generate(prompt, max_tokens=60)
+        async with SpecClient(url, None, "fake-model", drafter=None, profile="off") as plain:
+            truth = await plain.generate(prompt, max_tokens=60)
+    assert caps.echo and caps.scoring == "sglang"
+    assert result.text == truth.text and result.finish_reason == truth.finish_reason
+    scored = [r for r in fake.requests if "text" in r]
+    assert result.stats.strategy_rounds.get("echo", 0) >= 1 and len(scored) >= result.stats.strategy_rounds["echo"]
+    assert all(r["return_logprob"] and r["logprob_start_len"] == 0 and r["return_text_in_logprobs"] for r in scored)
+    assert not any(r.get("echo") for r in fake.requests if "prompt" in r and r["_prefilled"])  # (no completions echo was used)
+
+
+async def test_a_vllm_server_keeps_its_completions_echo():
+    with over_http(FakeTarget(sglang_generate=True)) as (fake, url):
+        async with SpecClient(url, None, "fake-model", profile="off") as client:
+            caps = await client.probe()
+    assert caps.echo and caps.scoring == "echo" and client.api.scoring == "echo"
+    assert not any("text" in r for r in fake.requests)
+
+
+async def test_the_profile_keeps_the_scoring_form(tmp_path, monkeypatch):
+    monkeypatch.setenv("BSPEC_PROFILES", str(tmp_path))
+    with over_http(sglang_like()) as (_, url):
+        async with SpecClient(url, None, "fake-model", profile="auto") as client:
+            await client.generate(PROMPTS["code"] * 2, max_tokens=20)
+        async with SpecClient(url, None, "fake-model", profile="auto") as later:
+            result = await later.generate(PROMPTS["code"] * 2, max_tokens=20)
+            assert later.api.scoring == "sglang" and result.stats.server_profile == "stored"
+
+
+async def test_sglangs_documented_answer_is_read_as_an_echo():
+    """The request and answer as SGLang documents them, mocked with respx."""
+    seen: list[dict] = []
+
+    def generate(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        return httpx.Response(200, json={"text": " world", "meta_info": {
+            "id": "abc", "finish_reason": {"type": "length", "length": 1}, "prompt_tokens": 2, "completion_tokens": 1, "cached_tokens": 0,
+            "input_token_logprobs": [[None, 9707, "Hello"], [-1.25, 11, ","]], "output_token_logprobs": [[-0.5, 1879, " world"]],
+            "input_top_logprobs": [None, [[-1.25, 11, ","], [-2.0, 0, "!"]]], "output_top_logprobs": [[[-0.5, 1879, " world"], [-1.5, 3, " there"]]]}})
+
+    with respx.mock(assert_all_called=False) as router:
+        router.post(ROOT + "/generate").mock(side_effect=generate)
+        async with client_for() as client:
+            client.api.scoring = "sglang"
+            c = await client.api.complete("Hello,", max_tokens=1, logprobs=1, echo=True)
+    assert seen[0]["text"] == "Hello," and seen[0]["sampling_params"] == {"max_new_tokens": 1, "temperature": 0}
+    assert c.echoed and c.text == " world" and c.finish_reason == "length" and c.usage.prompt_tokens == 2
+    assert [u.text for u in c.prompt_units] == ["Hello", ","] and [u.text for u in c.units] == [" world"]
+
+
+@pytest.mark.parametrize("meta", [{}, {"prompt_tokens": 1, "completion_tokens": 0, "input_token_logprobs": [[None, 1]], "output_token_logprobs": []}])
+def test_a_malformed_generate_answer_is_refused(meta):
+    with pytest.raises((KeyError, ValueError, TypeError)):
+        sglang_as_echo("a", {"text": "", "meta_info": meta})
+
+
+async def test_a_malformed_generate_answer_is_a_response_error_not_a_crash():
+    with respx.mock(assert_all_called=False) as router:
+        router.post(ROOT + "/generate").mock(return_value=httpx.Response(200, json={"text": "x", "meta_info": {"prompt_tokens": 1}}))
+        async with client_for() as client:
+            client.api.scoring = "sglang"
+            with pytest.raises(TargetResponseError, match="malformed /generate answer") as refused:
+                await client.api.complete("Hello", max_tokens=1, logprobs=1, echo=True)
+    assert API_KEY not in str(refused.value)
