@@ -922,12 +922,11 @@ async def _probe(args: argparse.Namespace) -> int:
 
     async with SpecClient(args.base_url, args.api_key, args.model, profile="off" if args.no_save else "refresh") as client:
         await client.ensure_model()
-        report = await probe_server(client.api, repeats=args.repeats, chat=True)
+        # (Saving, the chat probe is the client's own: its answer goes in the profile.)
+        report = await probe_server(client.api, repeats=args.repeats, chat=True, chat_probe=None if args.no_save else client.probe_chat)
         if not args.no_save and report.completions:
             await client.probe()  # what a client measures for itself, saved as the server's profile
             await client.learn_stop_rule()
-        elif not args.no_save:
-            await client.probe_chat()
     if args.json:
         strategy, why = recommend(report)
         print(json.dumps(report.to_dict() | {"would_choose": strategy, "because": why}))

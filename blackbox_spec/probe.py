@@ -19,13 +19,14 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from typing import Any
+from typing import Any, Awaitable, Callable
 
-from ._exceptions import TargetError, TargetHTTPError, TargetResponseError
-from ._scoring import SCORING_FORMS
+from ._exceptions import TargetError, TargetHTTPError
 from ._stopping import rule_test
 from ._target import TargetAPI
 from ._tokens import AlignmentError
+from .chat import ChatSupport, continue_forms, probe_chat
+from .server_probe import scoring_call
 
 FILLER = (
     "The quick brown fox jumps over the lazy dog while the committee reviews the quarterly report. "
@@ -91,10 +92,12 @@ async def _timed(call) -> float:
 
 
 async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, ...] = (1, 2, 4, 8), contexts: tuple[int, ...] = (128, 512, 1024),
-                       chat: bool = False) -> ProbeReport:
+                       chat: bool = False, chat_probe: Callable[[], Awaitable[ChatSupport]] | None = None) -> ProbeReport:
     """The completions endpoint's offers and costs; with ``chat``, the chat
-    endpoint's continuation and scoring forms too (``probe_chat_forms``).
-    A server without completions (404) is probed on chat alone."""
+    endpoint's continuation and scoring forms too (``probe_chat_forms``;
+    ``chat_probe``: how the chat probe runs, a client's own to keep its
+    answer, else ``chat.probe_chat``).  A server without completions (404)
+    is probed on chat alone."""
     report = ProbeReport(api.base_url, api.model or "")
     prompt = FILLER * 2
     try:
@@ -103,7 +106,7 @@ async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, .
     except TargetHTTPError as exc:
         if exc.status_code == 404:
             report.completions = False
-            await probe_chat_forms(api, report)
+            await probe_chat_forms(api, report, chat_probe)
             return report
         report.notes.append(f"logprobs refused: {exc}")
         await api.complete(prompt, max_tokens=2)
@@ -113,20 +116,11 @@ async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, .
     long = statistics.median([await _timed(api.complete(prompt, max_tokens=33)) for _ in range(repeats)])
     report.decode_s_per_token = max(0.0, (long - report.round_trip_s) / 32)
 
-    for form in SCORING_FORMS:  # vLLM's completions echo, else SGLang's /generate
-        api.scoring = form
-        try:
-            echoed = await api.complete(prompt, max_tokens=1, logprobs=1, echo=True)
-            report.echo = echoed.echoed and bool(echoed.prompt_units)
-        except (TargetHTTPError, TargetResponseError) as exc:
-            if form == "echo":
-                report.notes.append(f"echo refused: {exc}")
-        if report.echo:
-            report.scoring = form
-            break
-    else:
-        api.scoring = "echo"
-    if report.echo:
+    echoed = await scoring_call(api, prompt)  # vLLM's completions echo, else SGLang's /generate
+    report.echo, report.scoring = echoed is not None, api.scoring if echoed is not None else None
+    if echoed is None:
+        report.notes.append("echo not offered: neither a completions echo nor SGLang's /generate returned prompt logprobs")
+    if echoed is not None:
         tokens_per_filler = max(1, echoed.usage.prompt_tokens // 2)
         for n in contexts:
             text = FILLER * max(1, round(n / tokens_per_filler))
@@ -156,19 +150,17 @@ async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, .
     except TargetError as exc:
         report.notes.append(f"stop rule probe failed: {exc}")
     if chat:
-        await probe_chat_forms(api, report)
+        await probe_chat_forms(api, report, chat_probe)
     return report
 
 
-async def probe_chat_forms(api: TargetAPI, report: ProbeReport) -> None:
+async def probe_chat_forms(api: TargetAPI, report: ProbeReport, chat_probe: Callable[[], Awaitable[ChatSupport]] | None = None) -> None:
     """How the chat endpoint takes a partial assistant message (each of
     ``chat.CONTINUE_FORMS``), and what the client's own chat probe
-    concludes from it (``chat.probe_chat``), onto ``report.chat``."""
-    from .chat import continue_forms, probe_chat
-
+    concludes from it (``chat_probe``, else ``chat.probe_chat``), onto ``report.chat``."""
     try:
         forms = await continue_forms(api)
-        support = await probe_chat(api)
+        support = await (chat_probe() if chat_probe is not None else probe_chat(api))
     except TargetError as exc:
         report.notes.append(f"chat probe failed: {exc}")
         return

@@ -19,7 +19,8 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from ._exceptions import TargetError, TargetHTTPError, TargetResponseError
-from ._target import StreamPiece, TargetAPI
+from ._scoring import SCORING_FORMS
+from ._target import Completion, StreamPiece, TargetAPI
 from ._tokens import AlignmentError
 from .policy import ServerCosts
 from .verifiers.branches import LiveText
@@ -128,41 +129,46 @@ async def _timed_stream(api: TargetAPI, prompt: str, logprobs: int | None) -> _T
     return _TimedStream(first - started, per_token, done - started, listed, fit, chunk_tokens)
 
 
+async def scoring_call(api: TargetAPI, prompt: str) -> Completion | None:
+    """One small call that scores ``prompt``, in the first form the server
+    offers (``_scoring.SCORING_FORMS``: vLLM's completions echo, else
+    SGLang's ``/generate``); ``api.scoring`` is left on that form.  None
+    where none does (a refusal, an answer without prompt logprobs; for the
+    forms after the first, any failure: a transport without the path)."""
+    for form in SCORING_FORMS:
+        api.scoring = form
+        try:
+            echoed = await api.complete(prompt, max_tokens=1, logprobs=1, echo=True)
+        except TargetHTTPError as exc:
+            if form == SCORING_FORMS[0] and exc.status_code not in REFUSALS:
+                raise
+            continue
+        except TargetResponseError:
+            continue
+        except Exception:  # noqa: BLE001 - see above
+            if form == SCORING_FORMS[0]:
+                raise
+            continue
+        if echoed.echoed and echoed.prompt_units:
+            return echoed
+    api.scoring = SCORING_FORMS[0]
+    return None
+
+
 async def _probe_echo(api: TargetAPI) -> tuple[bool, float | None, list[tuple[int, float]]]:
-    """Whether one call scores a prompt (vLLM's completions echo, else
-    SGLang's ``/generate``: ``api.scoring`` is left on the form that did),
-    one small call's seconds, and (context tokens, seconds) of it and a
-    longer one (``ECHO_PROBE_PROMPT``)."""
-    offered, seconds, sizes = await _probe_scoring(api)
-    if not offered:
-        api.scoring = "sglang"
-        try:
-            offered, seconds, sizes = await _probe_scoring(api)
-        except Exception:  # noqa: BLE001 - any failure (a transport that has no such path, say): not offered
-            offered = False
-        if not offered:
-            api.scoring = "echo"
-    return offered, seconds, sizes
-
-
-async def _probe_scoring(api: TargetAPI) -> tuple[bool, float | None, list[tuple[int, float]]]:
-    try:
-        echoed = await api.complete(BATCH_PROBE_PROMPT, max_tokens=1, logprobs=1, echo=True)
-    except TargetHTTPError as exc:
-        if exc.status_code not in REFUSALS:
-            raise
+    """Whether one call scores a prompt (``scoring_call``), one small
+    call's seconds, and (context tokens, seconds) of it and a longer one
+    (``ECHO_PROBE_PROMPT``)."""
+    echoed = await scoring_call(api, BATCH_PROBE_PROMPT)
+    if echoed is None:
         return False, None, []
-    except TargetResponseError:
-        return False, None, []
-    offered = echoed.echoed and bool(echoed.prompt_units)
     sizes = [(echoed.usage.prompt_tokens, echoed.elapsed)]
-    if offered:
-        try:
-            longer = await api.complete(ECHO_PROBE_PROMPT, max_tokens=1, logprobs=1, echo=True)
-            sizes.append((longer.usage.prompt_tokens, longer.elapsed))
-        except TargetError:
-            pass  # (only the echo cost's slope is lost: the prior stays)
-    return offered, echoed.elapsed, sizes if offered and len(sizes) == 2 and all(n > 0 for n, _ in sizes) else []
+    try:
+        longer = await api.complete(ECHO_PROBE_PROMPT, max_tokens=1, logprobs=1, echo=True)
+        sizes.append((longer.usage.prompt_tokens, longer.elapsed))
+    except TargetError:
+        pass  # (only the echo cost's slope is lost: the prior stays)
+    return True, echoed.elapsed, sizes if len(sizes) == 2 and all(n > 0 for n, _ in sizes) else []
 
 
 async def _probe_batch(api: TargetAPI, costs: ServerCosts, alone: _TimedStream, width: int) -> None:
