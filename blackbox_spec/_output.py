@@ -42,6 +42,11 @@ class Output:
     # The endpoint and characters of the request plain decoding would send
     # (what its bill is estimated from: ``_bill.PromptSizes``).
     prompt_size: tuple[str, int] = ("completions", 0)
+    # Where the target's tokens are known to end in ``text``, with the exact
+    # count up to there: (characters, tokens), ascending.  A chat template
+    # that trims a continued message's trailing whitespace is sent the text
+    # only up to one of these (``ChatTurn.carried``).
+    ends: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.scanner = StopScanner(self.stop, self.stop_rule)
@@ -51,6 +56,7 @@ class Output:
         self.tokens = self.most_tokens = 0
         self.finish_reason = None
         self.server_counted = None
+        self.ends = []
         self.scanner = StopScanner(self.stop, self.stop_rule)
 
     def use_stop_rule(self, rule: str) -> None:
@@ -99,16 +105,24 @@ class Output:
                 self.finish_reason = "stop"
             elif self.remaining <= 0:
                 self.finish_reason = "length"
+            self._mark_end()
         return len(units), False
 
     def count(self, tokens: int) -> None:
         """``tokens`` more, counted by the server (exact)."""
         self.tokens += tokens
         self.most_tokens += tokens
+        self._mark_end()
 
     def recount(self, tokens: int) -> None:
         """The exact count of the text so far."""
         self.tokens = self.most_tokens = tokens
+        self._mark_end()
+
+    def _mark_end(self) -> None:
+        """A token ends at the text's end (see ``ends``), if counted exactly."""
+        if self.exact and (not self.ends or self.ends[-1] != (len(self.text), self.tokens)):
+            self.ends.append((len(self.text), self.tokens))
 
     def _feed(self, unit: Unit) -> bool:
         """The unit's text to the stop scanner as the server showed it, token by token."""

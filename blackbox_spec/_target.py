@@ -36,7 +36,7 @@ from ._exceptions import (
 from ._bill import PromptSizes, StreamTally, record_answer
 from ._cancel import ShieldedCloseTransport
 from ._resume_align import Aligned, align_prompt
-from ._scoring import sglang_as_echo, sglang_body
+from ._scoring import sglang_as_echo, sglang_body, tgi_as_echo, tgi_body, together_as_echo
 from ._retry import RetryPolicy, is_retryable, parse_retry_after
 from ._tokens import OPAQUE, AlignmentError, Unit, align_tokens, is_token_id, mark_inexact, with_last_bytes
 
@@ -46,6 +46,9 @@ LLAMA_FINGERPRINT = re.compile(r"^b\d+-")  # llama.cpp's build info (server-task
 # here): the event loop (other generations' streams, ``bspec serve``'s
 # /health) keeps running meanwhile.
 THREAD_CHARS = 2_000
+# The scoring forms asked at the server's root ``/generate``: the request and
+# the reading of its answer as vLLM's echo (``_scoring``).
+_GENERATE_FORMS = {"sglang": (sglang_body, sglang_as_echo), "tgi": (tgi_body, tgi_as_echo)}
 
 
 @dataclass
@@ -195,7 +198,8 @@ class TargetAPI:
         self.in_flight = 0
         self.peak_in_flight = 0
         # How one call scores a whole prompt (``_scoring.SCORING_FORMS``): vLLM's
-        # completions echo, or SGLang's native /generate (the probe decides).
+        # completions echo (or Together's, as its answers show), SGLang's or
+        # TGI's native /generate (the probe decides).
         self.scoring = "echo"
         self._tokenizes: str | bool | None = None  # how /tokenize is asked ("vllm", "llama"), False: it isn't there
         self._learning_tokenize = asyncio.Lock()
@@ -443,11 +447,12 @@ class TargetAPI:
         ``earlier`` is the last round's prompt alignment, picked up where
         this prompt begins the same way, in its first ``stable`` characters
         (``_resume_align``); a long prompt is aligned off the event loop."""
-        if echo and self.scoring == "sglang":
+        if echo and self.scoring in _GENERATE_FORMS:
             started = time.perf_counter()
-            answer = self._json(await self._request("POST", "/generate", sglang_body(prompt, max_tokens, logprobs, stop), at_root=True))
+            body_of, as_echo = _GENERATE_FORMS[self.scoring]
+            answer = self._json(await self._request("POST", "/generate", body_of(prompt, max_tokens, logprobs, stop), at_root=True))
             try:
-                data = sglang_as_echo(prompt, answer)
+                data = as_echo(prompt, answer)
             except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
                 raise TargetResponseError(self._fail(f"malformed /generate answer from {self.base_url}: {type(exc).__name__}: {exc}")) from None
         else:
@@ -461,11 +466,25 @@ class TargetAPI:
             started = time.perf_counter()
             response = await self._post("/completions", body)
             data = self._json(response)
+            if echo:
+                data = self._as_echo(prompt, data)
         await self._name_token_ids(data)
         parse = functools.partial(self._parse, data, prompt if echo else None, time.perf_counter() - started, earlier=earlier, stable=stable)
         completion = await asyncio.to_thread(parse) if echo and len(prompt) > THREAD_CHARS else parse()
         record_answer(self.prompt_sizes, "completions", len(prompt), completion.usage, _shown_tokens(completion), len(completion.text))
         return completion
+
+    def _as_echo(self, prompt: str, data: Any) -> Any:
+        """An echo answer in Together's shape read as vLLM's (and the form
+        named: ``scoring``); others as they are."""
+        try:
+            converted = together_as_echo(prompt, data) if isinstance(data, dict) else None
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise TargetResponseError(self._fail(f"malformed echo answer from {self.base_url}: {type(exc).__name__}: {exc}")) from None
+        if converted is None:
+            return data
+        self.scoring = "together"
+        return converted
 
     async def chat(
         self,
@@ -476,18 +495,21 @@ class TargetAPI:
         stop: list[str] | None = None,
         extra: dict[str, Any] | None = None,
         repeated: str = "",
+        carried: str = "",
     ) -> Completion:
         """One temperature-0 chat completion; ``text`` is the message's content.
         ``extra`` carries server-specific fields (``continue_final_message``,
         ``prompt_logprobs``, ``prediction``).  ``repeated``: text the server
         puts before its answer (llama-server repeats a prefilled message),
-        removed here; an answer that does not start with it is malformed."""
+        removed here; an answer that does not start with it is malformed.
+        ``carried``: text the answer writes again first, in tokens of its own
+        (a trimmed message's end: ``ChatTurn._carry``), removed with them."""
         body = self._chat_body(messages, max_tokens, logprobs, stop, extra)
         started = time.perf_counter()
         response = await self._post("/chat/completions", body)
         data = self._json(response)
         await self._name_token_ids(data)
-        completion = self._parse(data, None, time.perf_counter() - started, chat=True, repeated=repeated)
+        completion = self._parse(data, None, time.perf_counter() - started, chat=True, repeated=repeated, carried=carried)
         record_answer(self.prompt_sizes, "chat", message_chars(messages), completion.usage, _shown_tokens(completion), len(completion.text))
         return completion
 
@@ -502,7 +524,7 @@ class TargetAPI:
         return body
 
     def _parse(self, data: dict[str, Any], echoed_prompt: str | None, elapsed: float, *, chat: bool = False, repeated: str = "",
-               earlier: Aligned | None = None, stable: int | None = None) -> Completion:
+               carried: str = "", earlier: Aligned | None = None, stable: int | None = None) -> Completion:
         try:
             choice = data["choices"][0]
             full = (choice["message"].get("content") or "") if chat else choice["text"]
@@ -515,6 +537,8 @@ class TargetAPI:
             usage = _usage(data.get("usage")) or Usage()
             finish = choice.get("finish_reason")
             tokens, lps, tops = _logprob_lists(choice.get("logprobs"))
+            if carried:
+                full, tokens, lps, tops, written_again = _without_carried(full, carried, tokens, lps, tops)
             prompt_logprobs = data.get("prompt_logprobs") if chat else None
             if prompt_logprobs is not None and not isinstance(prompt_logprobs, list):
                 raise TypeError("prompt_logprobs is not a list")
@@ -530,7 +554,7 @@ class TargetAPI:
             completion.prompt_aligned, completion.units = _split_echo(full, len(echoed_prompt), tokens, lps, tops, usage, earlier, stable)
             completion.prompt_units = completion.prompt_aligned.units
         else:
-            left_out = usage.completion_tokens - len(tokens) if usage.completion_tokens else None
+            left_out = usage.completion_tokens - len(tokens) - (written_again if carried else 0) if usage.completion_tokens else None
             if left_out is not None and left_out < 0:
                 # (Every server lists at most one string per token it generated.)
                 raise AlignmentError(f"{len(tokens)} token strings for {usage.completion_tokens} generated tokens")
@@ -813,6 +837,27 @@ def fold_specials(units: list[Unit]) -> list[Unit]:
             held = 0
         folded.append(unit)
     return folded
+
+
+def _without_carried(full: str, carried: str, tokens: list[str] | None, lps: list, tops: list) -> tuple[str, list[str] | None, list, list, int]:
+    """An answer without ``carried``, the text it wrote again first, and
+    without the tokens that wrote it (whole tokens, or the answer is
+    malformed); the last item is how many tokens those were.  Pure.
+
+    >>> _without_carried("\\n  x", "\\n  ", ["\\n", "  ", "x"], [0, 0, -1], [None, None, None])
+    ('x', ['x'], [-1], [None], 2)
+    """
+    if not full.startswith(carried):
+        raise ValueError("the answer does not write the trimmed end of the message again")
+    if tokens is None:
+        return full[len(carried):], None, lps, tops, 0
+    k = covered = 0
+    while k < len(tokens) and covered < len(carried):
+        covered += len(tokens[k])
+        k += 1
+    if covered != len(carried):
+        raise ValueError("the answer wrote the trimmed end of the message again in other tokens")
+    return full[len(carried):], tokens[k:], lps[k:], tops[k:], k
 
 
 def _split_echo(full: str, prompt_len: int, tokens: list[str], lps: list, tops: list, usage: Usage,

@@ -18,10 +18,14 @@ by :func:`probe_chat`, never assumed:
   its ``/beta`` URL, when that message says ``"prefix": true``; OpenAI's
   API starts a new turn instead (``CONTINUE_FORMS``, tried in that order).
 * A chat template may strip whitespace from messages (Gemma's ``| trim``;
-  transformers also cuts trailing whitespace when the template moved it).
-  Then "Hello\\n" is continued as if it were "Hello", and the text would
-  differ from a plain call.  The probe compares prompt token counts with and
-  without trailing whitespace, and speculation stays off where they match.
+  TGI trims a continued message's end; transformers also cut trailing
+  whitespace when the template moved it).  Then "Hello\\n" is continued as
+  if it were "Hello", and the text would differ from a plain call.  The
+  probe compares prompt token counts with and without the whitespace.
+  Where only the end is trimmed, a message that ends in whitespace is sent
+  only up to the last token end before it, and the answer, which writes the
+  rest again, is read from there (``carried``); where the start is
+  stripped too, speculation stays off.
 * vLLM's ``prompt_logprobs`` on chat give echo-style verification in one
   call: the target's own choice at every token of the prefilled message.
 """
@@ -31,12 +35,16 @@ from __future__ import annotations
 import asyncio
 import functools
 from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from ._exceptions import PromptError, TargetError, TargetHTTPError, TargetResponseError
 from ._target import THREAD_CHARS, Completion, StreamEnd, StreamPiece, TargetAPI, Usage
-from ._resume_align import Aligned, align_prompt
-from ._tokens import AlignmentError, Unit, count_tokens
+from ._resume_align import Aligned
+from ._scoring import content_start, prompt_aligned, prompt_positions, prompt_units
+from ._tokens import AlignmentError, count_tokens
+
+if TYPE_CHECKING:
+    from ._output import Output
 
 # The request fields that make vLLM / SGLang continue the final message.
 CONTINUE_FIELDS = {"continue_final_message": True, "add_generation_prompt": False}
@@ -75,6 +83,9 @@ class ChatSupport:
     # Fields the continued assistant message itself carries (Mistral's
     # ``{"prefix": true}``); with ``prefill``, one of ``CONTINUE_FORMS``.
     prefill_message: dict[str, Any] = field(default_factory=dict)
+    # The template trims the continued message's trailing whitespace (TGI):
+    # such a message is sent only up to a token end before it (``carried``).
+    trims_trailing: bool = False
 
     @property
     def speculative(self) -> bool:
@@ -101,6 +112,22 @@ class ContinueCheck:
     prefill: dict[str, Any] | None = None
     repeats_prefill: bool = False
     prefill_message: dict[str, Any] = field(default_factory=dict)
+    trims_trailing: bool = False
+
+
+@dataclass
+class _Request:
+    """One continuing call: the messages and fields to send, and what the
+    answer writes before its own text: ``repeated`` (llama-server repeats
+    the prefilled message, without logprobs) or ``carried`` (trimmed
+    whitespace, and the tokens before it, written again in
+    ``carried_tokens`` tokens: ``ChatTurn._carry``)."""
+
+    messages: list[dict[str, Any]]
+    fields: dict[str, Any]
+    repeated: str = ""
+    carried: str = ""
+    carried_tokens: int = 0
 
 
 def form_name(fields: dict[str, Any], message: dict[str, Any]) -> str:
@@ -119,6 +146,28 @@ def form_name(fields: dict[str, Any], message: dict[str, Any]) -> str:
 def continued_messages(messages: list[dict[str, Any]], partial: str, message_fields: dict[str, Any]) -> list[dict[str, Any]]:
     """``messages`` followed by the assistant message ``partial`` to be continued."""
     return messages + [{"role": "assistant", "content": partial, **message_fields}]
+
+
+def whitespace_cut(generated: str, ends: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """Where a message ending in ``generated`` may be cut for a template that
+    trims trailing whitespace: the last token end (``ends``: (characters,
+    tokens) pairs, ascending, ``(0, 0)`` first where the message may be
+    sent without any of it) that no whitespace precedes, and how many tokens
+    follow it.  None: ``generated``'s own end or such a cut is not known.
+
+    >>> ends = [(0, 0), (3, 1), (7, 2), (11, 3)]     # "def", " foo", "():\\n" (one token)
+    >>> whitespace_cut("def foo():\\n", ends)          # not at "def foo():": no token ends there
+    (7, 1)
+    >>> whitespace_cut("def foo", ends[:3]), whitespace_cut("def foo():\\n", ends[1:3])
+    ((7, 0), None)
+    """
+    counts = dict(ends)
+    if len(generated) not in counts:
+        return None
+    for offset, tokens in reversed(ends):
+        if offset <= len(generated) and not generated[:offset][-1:].isspace():
+            return offset, counts[len(generated)] - tokens
+    return None
 
 
 def conversation_text(messages: list[dict[str, Any]]) -> str:
@@ -165,6 +214,9 @@ class ChatTurn:
         # once; their text is taken only once ``side_confirmed``.
         self.provisional: ChatSupport | None = None
         self.provisional_used = False
+        # The generation this turn serves (set by its caller): where the
+        # target's tokens end in its text, for templates that trim (``_carry``).
+        self.output: Output | None = None
 
     @property
     def server_kind(self) -> str | None:
@@ -189,15 +241,22 @@ class ChatTurn:
         message in ``prompt`` (see ``TargetAPI.count_tokens``)."""
         return await self.api.count_tokens(prompt[len(self.head):], text)
 
-    async def _request(self, prompt: str, provisional: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
-        """The messages and fields to send, and the text the answer will
-        repeat first.  ``provisional``: a side branch, which may go out under
+    @property
+    def trims_trailing(self) -> bool:
+        """Does the server trim a continued message's trailing whitespace?
+        (Then side branches start only where no whitespace ends their text.)"""
+        support = self.support or self.provisional
+        return support is not None and support.trims_trailing
+
+    async def _request(self, prompt: str, provisional: bool = False) -> _Request:
+        """What to send for ``prompt``, and what the answer puts before its
+        own text.  ``provisional``: a side branch, which may go out under
         the stored form while the probe still runs."""
         if not prompt.startswith(self.head):
             raise AssertionError("a chat turn continues its own conversation only")
         partial = prompt[len(self.head):]
         if not partial:
-            return self.messages, dict(self.extra), ""
+            return _Request(self.messages, dict(self.extra))
         support = self.support
         if support is None and provisional and self.provisional is not None and self.pending is not None and not self.pending.done():
             support = self.provisional
@@ -206,8 +265,30 @@ class ChatTurn:
             support = self.support = await asyncio.shield(self.pending)  # (one caller giving up leaves the probe to the rest)
         if support is None or support.prefill is None:
             raise TargetError(f"{self.api.base_url} cannot continue a partial assistant message, so this chat turn cannot resume part-way")
+        trimmed = support.trims_trailing and partial[-1].isspace() and prompt != self.prompt  # (the caller's own message goes as it is)
+        carried, carried_tokens = self._carry(prompt) if trimmed else ("", 0)
+        partial = partial[: len(partial) - len(carried)]
+        if not partial:
+            return _Request(self.messages, dict(self.extra), carried=carried, carried_tokens=carried_tokens)
         repeated = partial if support.repeats_prefill else ""
-        return continued_messages(self.messages, partial, support.prefill_message), {**support.prefill, **self.extra}, repeated
+        return _Request(continued_messages(self.messages, partial, support.prefill_message), {**support.prefill, **self.extra},
+                        repeated, carried, carried_tokens)
+
+    def _carry(self, prompt: str) -> tuple[str, int]:
+        """For a template that trims trailing whitespace: the end of
+        ``prompt`` to leave out, back to the last token end no whitespace
+        precedes, and its tokens.  The answer writes it again first (the
+        server continues from a token end the target chose, as it did)."""
+        out, generated = self.output, prompt[len(self.prompt):]
+        prefilled = self.prompt[len(self.head):]
+        start = [] if prefilled[-1:].isspace() else [(0, 0)]
+        cut = None
+        if out is not None and len(prompt) >= len(self.prompt) and out.text.startswith(generated):
+            cut = whitespace_cut(generated, start + out.ends)
+        if cut is None:
+            raise TargetError(f"{self.api.base_url} trims a continued message's trailing whitespace, and no token end is known before "
+                              "this one's: it can't be continued exactly")
+        return generated[cut[0]:], cut[1]
 
     async def side_confirmed(self) -> bool:
         """May a side branch's text be taken?  Yes unless one went out under
@@ -223,20 +304,26 @@ class ChatTurn:
         used, support = self.provisional, self.support
         return (support is not None and used is not None and support.speculative
                 and support.prefill == used.prefill and support.prefill_message == used.prefill_message
-                and support.repeats_prefill == used.repeats_prefill)
+                and support.repeats_prefill == used.repeats_prefill and support.trims_trailing == used.trims_trailing)
 
     async def complete(self, prompt: str, *, max_tokens: int, logprobs: int | None = None, echo: bool = False, stop: list[str] | None = None,
                        earlier: Aligned | None = None, stable: int | None = None) -> Completion:
-        messages, fields, repeated = await self._request(prompt)
+        sent = await self._request(prompt)
+        fields = sent.fields
         if echo:
+            if sent.carried:
+                raise TargetError("prompt logprobs can't score a message the server trims")
             fields["prompt_logprobs"] = 1
-        c = await self.api.chat(messages, max_tokens=max_tokens, logprobs=logprobs is not None or echo, stop=stop, extra=fields, repeated=repeated)
+        c = await self.api.chat(sent.messages, max_tokens=max_tokens + sent.carried_tokens, logprobs=logprobs is not None or echo, stop=stop,
+                                extra=fields, repeated=sent.repeated, carried=sent.carried)
         self.usage_seen.append(c.usage)
+        if sent.carried_tokens and c.usage.completion_tokens:
+            c.usage = replace(c.usage, completion_tokens=c.usage.completion_tokens - sent.carried_tokens)
         if echo:
             part = None if stable is None else max(0, stable - len(self.head))
-            align = functools.partial(_prompt_aligned, c, prompt[len(self.head):], earlier, part)
+            align = functools.partial(prompt_aligned, c, prompt[len(self.head):], earlier, part)
             c.prompt_aligned = await asyncio.to_thread(align) if len(prompt) - len(self.head) > THREAD_CHARS else align()
-            c.prompt_units = _prompt_units(c, prompt[len(self.head):], len(self.head))
+            c.prompt_units = prompt_units(c, prompt[len(self.head):], len(self.head))
             c.echoed = c.prompt_units is not None
         return c
 
@@ -246,12 +333,20 @@ class ChatTurn:
 
     async def stream(self, prompt: str, *, max_tokens: int, stop: list[str] | None = None, logprobs: int | None = None,
                      provisional: bool = False) -> AsyncIterator[StreamPiece | StreamEnd]:
-        messages, fields, repeated = await self._request(prompt, provisional)
-        stream = self.api.chat_stream(messages, max_tokens=max_tokens, stop=stop, logprobs=logprobs is not None, extra=fields)
+        sent = await self._request(prompt, provisional)
+        repeated, carried = sent.repeated, sent.carried
+        stream = self.api.chat_stream(sent.messages, max_tokens=max_tokens + sent.carried_tokens, stop=stop, logprobs=logprobs is not None,
+                                      extra=sent.fields)
         try:
             async for item in stream:
                 if isinstance(item, StreamEnd):
                     self.usage_seen.append(item.usage)
+                    if sent.carried_tokens and item.usage.completion_tokens:
+                        item = replace(item, usage=replace(item.usage, completion_tokens=item.usage.completion_tokens - sent.carried_tokens))
+                elif carried:
+                    item, carried = self._drop_carried(item, carried)
+                    if item is None:
+                        continue
                 elif repeated:
                     # The repeated prefill comes first; its tokens carry no logprobs.
                     cut = min(len(repeated), len(item.text))
@@ -262,89 +357,29 @@ class ChatTurn:
                     if not item.text and not item.tokens:
                         continue
                 yield item
+            if carried:
+                raise TargetResponseError(f"{self.api.base_url}'s answer ended before it wrote the trimmed whitespace again")
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
 
-
-# -- vLLM's prompt_logprobs as echo units (pure) ---------------------------------------
-
-
-def prompt_positions(entries: list[Any]) -> tuple[list[str | None], list[float | None], list[dict[str, float] | None]]:
-    """Per prompt position: the prompt's own token, its logprob, and a top
-    dict {token: logprob} holding the target's first choice.
-
-    vLLM keys each position by token id; with ``prompt_logprobs=1`` it holds
-    the prompt's token and, when that was not the first choice, the first
-    choice too (``rank`` 1).  The first position has no entry (None).
-
-    >>> prompt_positions([None, {"7": {"logprob": -0.1, "rank": 1, "decoded_token": "a"}},
-    ...                   {"9": {"logprob": -2.0, "rank": 3, "decoded_token": "b"}, "4": {"logprob": -0.5, "rank": 1, "decoded_token": "c"}}])
-    ([None, 'a', 'b'], [None, -0.1, -2.0], [None, {'a': -0.1}, {'c': -0.5, 'b': -2.0}])
-    """
-    tokens: list[str | None] = []
-    lps: list[float | None] = []
-    tops: list[dict[str, float] | None] = []
-    for entry in entries:
-        if not entry:
-            tokens.append(None), lps.append(None), tops.append(None)
-            continue
-        if not isinstance(entry, dict):
-            raise TypeError("a prompt_logprobs entry is not an object")
-        items = [(str(v.get("decoded_token") or ""), float(v["logprob"]), v.get("rank")) for v in entry.values()]
-        own = next((item for item in items if item[2] != 1), items[0]) if len(items) > 1 else items[0]
-        best = next((item for item in items if item[2] == 1), own)
-        tokens.append(own[0])
-        lps.append(own[1])
-        tops.append({best[0]: best[1], own[0]: own[1]} if best is not own else {own[0]: own[1]})
-    return tokens, lps, tops
-
-
-def content_start(tokens: list[str | None], content: str) -> int | None:
-    """The index of the prompt token where ``content`` (the end of the prompt)
-    begins, when the token strings spell it exactly from a token boundary;
-    None otherwise (a token across its start, or unreadable token strings)."""
-    total = 0
-    for j in range(len(tokens) - 1, -1, -1):
-        token = tokens[j]
-        if token is None:
-            return None
-        total += len(token)
-        if total >= len(content):
-            if total == len(content) and "".join(t or "" for t in tokens[j:]) == content:
-                return j
-            return None
-    return None
-
-
-def _prompt_aligned(c: Completion, content: str, earlier: Aligned | None, stable: int | None) -> Aligned | None:
-    """The prefilled message's alignment from vLLM's ``prompt_logprobs``
-    (picked up from ``earlier``: ``_resume_align``); None where its tokens
-    can't be found exactly."""
-    if c.prompt_logprobs is None:
-        return None
-    try:
-        tokens, lps, tops = prompt_positions(c.prompt_logprobs)
-    except (TypeError, KeyError, ValueError, AttributeError) as exc:
-        raise TargetResponseError(f"malformed prompt_logprobs: {type(exc).__name__}") from None
-    start = content_start(tokens, content)
-    try:
-        if start is None:
-            raise AlignmentError("the message's tokens are not readable")
-        return align_prompt(content, [t or "" for t in tokens[start:]], lps[start:], tops[start:], earlier, stable)
-    except AlignmentError:
-        return None
-
-
-def _prompt_units(c: Completion, content: str, offset: int) -> list[Unit] | None:
-    """Echo units for the prefilled message, placed at ``offset`` (the head's
-    length) in the orchestrator's text.  When the message's tokens can't be
-    found exactly, one unit spans it all: the verifier then asks plainly."""
-    if c.prompt_logprobs is None:
-        return None
-    if c.prompt_aligned is None:
-        tokens = c.prompt_logprobs
-        return [Unit(content, max(1, len(tokens)), offset, matches=False)]
-    return [replace(u, start=u.start + offset) for u in c.prompt_aligned.units]
+    def _drop_carried(self, item: StreamPiece, carried: str) -> tuple[StreamPiece | None, str]:
+        """``item`` without the part of ``carried`` it writes again (text and
+        tokens: whole tokens, as it began at a token end), and what of
+        ``carried`` is still to come."""
+        cut = min(len(carried), len(item.text))
+        if item.text[:cut] != carried[:cut]:
+            raise TargetResponseError(f"{self.api.base_url} did not write the trimmed end of the message again")
+        tokens, own_bytes, dropped, covered = item.tokens, item.own_bytes, 0, 0
+        if tokens is not None:
+            while dropped < len(tokens) and covered < cut:
+                covered += len(tokens[dropped])
+                dropped += 1
+            if covered != cut:
+                raise TargetResponseError(f"{self.api.base_url} wrote the trimmed end of the message again in other tokens")
+            tokens, own_bytes = tokens[dropped:], None if own_bytes is None else own_bytes[dropped:]
+        generated = None if item.generated is None else item.generated - dropped
+        rest = replace(item, text=item.text[cut:], tokens=tokens, own_bytes=own_bytes, generated=generated)
+        return (rest if rest.text or rest.tokens or rest.final else None), carried[cut:]
 
 
 # -- the probe -----------------------------------------------------------------------
@@ -452,10 +487,18 @@ async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: fl
         c = await api.chat(continued_messages(_PROBE_MESSAGES, content, message), max_tokens=1, extra=fields)
         return c.usage.prompt_tokens
 
-    async def trims(fields: dict[str, Any], message: dict[str, Any]) -> bool | None:
-        """Does the template strip whitespace from a prefilled message?  None: no usage to tell by."""
-        bare, spaced, led, led_spaced = await asyncio.gather(*(prompt_tokens(t, fields, message) for t in ("1 2", "1 2\n\n", "\n1 2", "\n1 2\n\n")))
-        return None if not bare else spaced <= bare or led_spaced <= led
+    async def trims(fields: dict[str, Any], message: dict[str, Any]) -> str | None:
+        """Which whitespace the template strips from a prefilled message:
+        "leading" (and maybe trailing), "trailing" or "none".  None: no
+        usage to tell by."""
+        # (Leading spaces and tabs in turn: no vocabulary merges them with
+        # the template's text before them, as "\n" may be with its "\n".)
+        lead = " \t" * 4
+        texts = ("1 2", "1 2\n\n", lead + "1 2", lead + "1 2\n\n")
+        bare, spaced, led, led_spaced = await asyncio.gather(*(prompt_tokens(t, fields, message) for t in texts))
+        if not bare:
+            return None
+        return "leading" if led <= bare else "trailing" if spaced <= bare or led_spaced <= led else "none"
 
     async def prompt_logprobs(fields: dict[str, Any], message: dict[str, Any]) -> bool:
         try:
@@ -491,10 +534,13 @@ async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: fl
     prefill, repeats = dict(fields), answer.text != rest
     if trimmed is None:
         reason: str | None = "the server reports no usage, so whether its chat template keeps whitespace can't be checked"
-    elif trimmed:
-        reason = "the chat template strips trailing whitespace from a prefilled assistant message, so a partial message can't be continued exactly"
+    elif trimmed == "leading":
+        reason = "the chat template strips leading whitespace from a prefilled assistant message, so a partial message can't be continued exactly"
     else:
         reason = None
+    trailing = trimmed == "trailing"
     seconds = answer.elapsed if round_trip is None else round_trip
-    kept = replace(check, prefill=prefill, repeats_prefill=repeats, prefill_message=dict(message)) if reason is None else None
-    return ChatSupport(True, prefill, echoes and reason is None, seconds, reason, repeats_prefill=repeats, check=kept, prefill_message=dict(message))
+    kept = replace(check, prefill=prefill, repeats_prefill=repeats, prefill_message=dict(message), trims_trailing=trailing) if reason is None else None
+    # (Prompt logprobs score the message as sent: not where its end is trimmed.)
+    return ChatSupport(True, prefill, echoes and reason is None and not trailing, seconds, reason, repeats_prefill=repeats, check=kept,
+                       prefill_message=dict(message), trims_trailing=trailing)

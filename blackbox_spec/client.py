@@ -375,7 +375,7 @@ class SpecClient:
         if check is None or check.prefill is None:
             return None
         return ChatSupport(True, dict(check.prefill), False, 0.0, repeats_prefill=check.repeats_prefill, check=check,
-                           prefill_message=dict(check.prefill_message or {}))
+                           prefill_message=dict(check.prefill_message or {}), trims_trailing=check.trims_trailing)
 
     async def _chat_profiled(self) -> bool:
         """A stored profile holds this server's chat costs (an earlier process
@@ -510,6 +510,7 @@ class SpecClient:
         turn = ChatTurn(self.api, messages, continue_final=continue_final)
         result = GenerationResult("", GenerationStats())
         out = Output(turn.prompt, max_tokens, stops, prediction=prediction or None, prompt_size=("chat", message_chars(messages)))
+        turn.output = out
         return GenerationStream(self._run(out, self._chat_pieces(turn, out, result.stats, prediction), result), result)
 
     def _no_room(self) -> bool:
@@ -619,6 +620,10 @@ class SpecClient:
             turn.support = await self.probe_chat()
             unsupported = turn.support.reason
             reason = unsupported and f"{unsupported}: decoding the chat turn plainly"
+        if reason is None and turn.support is not None and turn.support.trims_trailing and turn.prompt[-1:].isspace() and turn.prompt != turn.head:
+            # (A plain call continues the message trimmed; sent back with
+            # text after it, the whitespace would count.)
+            reason = "the assistant message to continue ends in whitespace, which this server's chat template trims: decoding the turn plainly"
         if self.strategy not in ("auto", "plain") and turn.support is not None and not turn.support.speculative:
             raise ConfigurationError(f"strategy {self.strategy!r} is not available on {self.api.base_url}'s chat endpoint: {turn.support.reason}")
         if reason is None:

@@ -571,7 +571,7 @@ class BranchedStream:
             self.stats.note(self.canon.note)
             return False
         if plan is not None:
-            offsets = likely_boundaries(proposal, plan.width, plan.segment_chars)[1:]
+            offsets = likely_boundaries(proposal, plan.width, plan.segment_chars, getattr(self.api, "trims_trailing", False))[1:]
             if offsets:
                 self.open_group(proposal, offsets, policy.kind(match))
                 return False
@@ -603,7 +603,7 @@ class BranchedStream:
             return
         plan = policy.branches(proposal, match, remaining=out.remaining)
         if plan is not None:
-            offsets = likely_boundaries(proposal, plan.width, plan.segment_chars)[1:]
+            offsets = likely_boundaries(proposal, plan.width, plan.segment_chars, getattr(self.api, "trims_trailing", False))[1:]
             if offsets:
                 self.open_group(proposal, offsets, kind)
 

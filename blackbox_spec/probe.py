@@ -116,7 +116,7 @@ async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, .
     long = statistics.median([await _timed(api.complete(prompt, max_tokens=33)) for _ in range(repeats)])
     report.decode_s_per_token = max(0.0, (long - report.round_trip_s) / 32)
 
-    echoed = await scoring_call(api, prompt)  # vLLM's completions echo, else SGLang's /generate
+    echoed = await scoring_call(api, prompt)  # completions echo (vLLM's, Together's), else SGLang's or TGI's /generate
     report.echo, report.scoring = echoed is not None, api.scoring if echoed is not None else None
     if echoed is None:
         report.notes.append("echo not offered: neither a completions echo nor SGLang's /generate returned prompt logprobs")
@@ -165,7 +165,7 @@ async def probe_chat_forms(api: TargetAPI, report: ProbeReport, chat_probe: Call
         report.notes.append(f"chat probe failed: {exc}")
         return
     report.chat = {"continue_forms": forms, "continue_form": support.continue_form, "repeats_prefill": support.repeats_prefill,
-                   "logprobs": support.logprobs, "prompt_logprobs": support.prompt_logprobs,
+                   "trims_trailing": support.trims_trailing, "logprobs": support.logprobs, "prompt_logprobs": support.prompt_logprobs,
                    "speculative": support.speculative, "reason": support.reason}
 
 
@@ -210,6 +210,14 @@ def recommend(report: ProbeReport, context_tokens: int = 1000) -> tuple[str, lis
     return strategy, why
 
 
+# How ``describe`` names a scoring form beside "echo: yes" (vLLM's echo: nothing more).
+SCORING_NAMES = {
+    "together": " (Together's echo)",
+    "sglang": " (SGLang /generate)",
+    "tgi": " (TGI /generate details: tokens proven where p > 0.5)",
+}
+
+
 def _describe_chat(chat: dict[str, Any] | None) -> list[str]:
     if chat is None:
         return []
@@ -218,6 +226,8 @@ def _describe_chat(chat: dict[str, Any] | None) -> list[str]:
         lines.append("  chat: no continuation form works: chat turns decode plainly")
     else:
         repeat = " (the answer repeats the message first)" if chat["repeats_prefill"] else ""
+        if chat.get("trims_trailing"):
+            repeat += " (its template trims the message's trailing whitespace: sent up to a token end before it, written again)"
         lines.append(f"  chat: bspec continues with {chat['continue_form']}{repeat}   logprobs: {'yes' if chat['logprobs'] else 'no'}"
                      f"   prompt logprobs (one-call scoring): {'yes' if chat['prompt_logprobs'] else 'no'}")
     if chat["reason"]:
@@ -229,7 +239,7 @@ def describe(report: ProbeReport) -> list[str]:
     lines = [
         f"server {report.base_url}  model {report.model}",
         f"  logprobs: {'yes' if report.logprobs else 'no'}   echo (prompt logprobs): {'yes' if report.echo else 'no'}"
-        f"{' (SGLang /generate)' if report.scoring == 'sglang' else ''}" if report.completions else
+        f"{SCORING_NAMES.get(report.scoring or '', '')}" if report.completions else
         "  completions: none (chat only)",
         f"  round trip {report.round_trip_s * 1000:.0f} ms   decode {report.decode_s_per_token * 1000:.1f} ms/token"
         f" ({1 / report.decode_s_per_token:.1f} tok/s)" if report.decode_s_per_token and report.completions else "",

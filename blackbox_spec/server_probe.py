@@ -61,7 +61,8 @@ class Capabilities:
     # the aligner does not know), and nothing is speculated on them.
     token_strings_fit: bool = True
     # How one call scores a prompt where ``echo``: "echo" (vLLM's completions
-    # echo) or "sglang" (SGLang's native /generate; ``_scoring``).
+    # echo), "together" (its echo, in Together's shape), "sglang" or "tgi"
+    # (their native /generate; ``_scoring``).
     scoring: str = "echo"
 
 
@@ -131,8 +132,8 @@ async def _timed_stream(api: TargetAPI, prompt: str, logprobs: int | None) -> _T
 
 async def scoring_call(api: TargetAPI, prompt: str) -> Completion | None:
     """One small call that scores ``prompt``, in the first form the server
-    offers (``_scoring.SCORING_FORMS``: vLLM's completions echo, else
-    SGLang's ``/generate``); ``api.scoring`` is left on that form.  None
+    offers (``_scoring.SCORING_FORMS``: completions echo, else SGLang's or
+    TGI's ``/generate``); ``api.scoring`` is left on that form.  None
     where none does (a refusal, an answer without prompt logprobs; for the
     forms after the first, any failure: a transport without the path)."""
     for form in SCORING_FORMS:

@@ -7,14 +7,19 @@ prompt_logprobs as echo, and Predicted Outputs pass-through."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import httpx
 import pytest
 import respx
 
-from blackbox_spec import ConfigurationError, PromptError
-from blackbox_spec.chat import ChatTurn, content_start, conversation_text, prompt_positions
+from blackbox_spec import ConfigurationError, PromptError, TargetError
+from blackbox_spec._output import Output
+from blackbox_spec._tokens import Unit
+from blackbox_spec._scoring import content_start, prompt_positions
+from blackbox_spec.chat import ChatTurn, conversation_text
 from blackbox_spec.testing import FakeTarget
+from blackbox_spec.testing.fake_target import FakeModel
 
 from .conftest import BASE_URL, PROMPTS, chat_of, client_for, mount, over_http, turn_requests
 
@@ -168,7 +173,7 @@ async def test_a_mistral_style_api_is_asked_in_its_documented_form():
         text = rest if final["role"] == "assistant" and final["content"] == partial else partial + rest
         if final["role"] == "assistant" and final["content"] != partial:  # (the whitespace check: count its tokens)
             text = " 3"
-        prompt_tokens = 20 + len(final["content"].split()) + final["content"].count("\n")
+        prompt_tokens = 20 + len(final["content"].split()) + final["content"].count("\n") + final["content"].count("\t")
         return httpx.Response(200, json={"id": "x", "object": "chat.completion", "model": "mistral-small-latest",
                                          "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
                                          "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 4, "total_tokens": prompt_tokens + 4}})
@@ -188,7 +193,7 @@ async def test_a_mistral_style_api_is_asked_in_its_documented_form():
 @pytest.mark.parametrize("setting, reason", [
     ({"chat_prefill": "none"}, "does not continue a partial assistant message"),
     ({"chat_prefill": "none", "strict_fields": True}, "does not continue a partial assistant message"),
-    ({"chat_trims": True}, "strips trailing whitespace"),
+    ({"chat_trims": True}, "strips leading whitespace"),
 ])
 async def test_servers_that_cannot_continue_exactly_get_plain_chat(served, setting, reason):
     """No prefill (OpenAI), or a template that trims the message (Gemma's
@@ -208,10 +213,13 @@ async def test_servers_that_cannot_continue_exactly_get_plain_chat(served, setti
             await client.chat(messages, max_tokens=5)
 
 
-async def test_trimming_would_have_changed_the_text(served):
-    """Why the probe matters: on a trimming template, continuing a message
-    that ends in a newline gives another text than the plain answer."""
-    served.chat_trims = True
+@pytest.mark.parametrize("setting", [{"chat_trims": True}, {"chat_prefill": "tgi"}])
+async def test_trimming_would_have_changed_the_text(served, setting):
+    """Why the probe matters: on a trimming template (every message's
+    whitespace, or TGI's trimmed end), continuing a message that ends in a
+    newline gives another text than the plain answer."""
+    for key, value in setting.items():
+        setattr(served, key, value)
     messages = chat_of("a\nb\nc\nd\n" * 4)
     truth = plain_chat(served, messages, 30)[0]
     cut = truth.index("\n") + 1
@@ -219,6 +227,114 @@ async def test_trimming_would_have_changed_the_text(served):
             "temperature": 0, "continue_final_message": True, "add_generation_prompt": False}
     continued = served.handle(httpx.Request("POST", BASE_URL + "/chat/completions", json=body)).json()["choices"][0]["message"]["content"]
     assert not (truth[:cut] + continued).startswith(truth[: cut + 3])
+
+
+EDIT = ("Rename total to amount:\n\ndef pay(total, rate):\n    tax = total * rate\n    fee = total / 100\n"
+        "    return total + tax + fee\n\n\ndef refund(total):\n    back = total - 1\n    return back\n")
+
+
+LIST = "Items: red, green, blue, black, white, pink, gold, gray, teal, navy, plum, rose.\nNext: one, two, three, four, five, six, seven.\n"
+
+
+async def test_a_template_that_trims_the_message_end_is_continued_exactly(served, monkeypatch):
+    """TGI cuts its template after a continued message and trims that
+    message's trailing whitespace.  Speculation goes on there: no message
+    is sent ending in whitespace (each is cut back to a token end no
+    whitespace precedes, and the answer's first tokens, which write the
+    rest again, are dropped), and the text is the plain call's, on two
+    texts, both strategies, a model that copies more or less."""
+    served.chat_prefill = "tgi"
+    carried: list[str] = []
+    carry = ChatTurn._carry
+
+    def recorded(turn: ChatTurn, prompt: str) -> tuple[str, int]:
+        carried.append(carry(turn, prompt)[0])
+        return carry(turn, prompt)
+
+    monkeypatch.setattr(ChatTurn, "_carry", recorded)
+    accepted = 0
+    for text, opening in ((EDIT, "Rename total"), (LIST, "Items: red")):
+        for strategy in ("auto", "fanout"):
+            for deviate_every in (5, 9, 40):  # (40: copies long stretches, so drafts hold)
+                served.model, served.requests = FakeModel(deviate_every=deviate_every), []
+                messages = chat_of(text * 3) + [{"role": "assistant", "content": opening}]
+                body = {"model": "fake-model", "messages": messages, "max_tokens": 140, "temperature": 0}
+                truth = served.handle(httpx.Request("POST", BASE_URL + "/chat/completions", json=body)).json()["choices"][0]["message"]["content"]
+                async with client_for(strategy=strategy) as client:
+                    result = await client.chat(messages, max_tokens=140, continue_final=True)
+                    support = client.chat_support
+                assert result.text == truth, (text[:5], strategy, deviate_every)
+                assert support.speculative and support.trims_trailing and not support.prompt_logprobs
+                assert result.stats.fallback is None, result.stats.notes
+                continued = [r["messages"][-1]["content"] for r in served.requests[1:] if r["messages"][0] == messages[0]]
+                assert not any(c[-1:].isspace() for c in continued)
+                accepted += result.stats.accepted_tokens
+    assert accepted > 100
+    assert carried and all(c[-1:].isspace() for c in carried), carried
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_answer_that_writes_the_carried_end_again_is_read_from_where_the_text_was(served, stream):
+    """The carried end comes back first, in the answer's own tokens: they
+    are dropped (text, token strings and the count), and what follows is
+    the plain answer's next ``max_tokens`` tokens."""
+    from blackbox_spec._target import StreamPiece
+
+    served.chat_prefill, served.model = "tgi", FakeModel(deviate_every=40)
+    messages = chat_of(EDIT * 3)
+    async with client_for() as client:
+        plain = await client.api.chat(messages, max_tokens=40, logprobs=True)
+        turn = ChatTurn(client.api, messages)
+        turn.support = await client.probe_chat()
+        units = plain.units or []
+        k = next(k for k, u in enumerate(units) if k > 2 and u.text[-1:].isspace() and not units[k - 1].text[-1:].isspace())
+        out = Output(turn.prompt, 40, None)
+        out.take(units[: k + 1])
+        turn.output = out
+        if stream:
+            pieces = [p async for p in turn.stream(out.context, max_tokens=6, logprobs=1)]
+            text = "".join(p.text for p in pieces if isinstance(p, StreamPiece))
+            tokens = sum(len(p.tokens or []) for p in pieces if isinstance(p, StreamPiece))
+            ended = pieces[-1].usage.completion_tokens
+        else:
+            answer = await turn.complete(out.context, max_tokens=6, logprobs=1)
+            text, tokens, ended = answer.text, len(answer.units or []), answer.usage.completion_tokens
+    assert served.requests[-1]["messages"][-1]["content"] == out.text[: -len(units[k].text)]
+    assert text == "".join(u.text for u in units[k + 1 : k + 7]) and tokens == ended == 6
+
+
+async def test_a_trimmed_message_is_cut_back_to_a_token_end_that_no_whitespace_precedes():
+    """The carry goes back past a token that holds whitespace after other
+    characters (``"):\\n"``, as Qwen's pre-tokenizer makes): the server
+    continues from a token end the target chose, and the answer's first
+    tokens are known (what ``max_tokens`` grows by)."""
+    from blackbox_spec.chat import ChatSupport
+
+    turn = ChatTurn(SimpleNamespace(base_url="http://tgi"), chat_of("hi"))  # type: ignore[arg-type]
+    turn.support = ChatSupport(True, {}, False, 0.0, trims_trailing=True)
+    out = Output(turn.prompt, 50, None)
+    out.take([Unit("def", 1, 0), Unit(" f", 1, 3), Unit("():\n", 1, 5), Unit("    ", 1, 9)])
+    turn.output = out
+    sent = await turn._request(out.context)
+    assert sent.messages[-1]["content"] == "def f" and (sent.carried, sent.carried_tokens) == ("():\n    ", 2)
+    assert (await turn._request(out.context[:-4])).carried == "():\n"
+    sent = await turn._request(out.context + "return")  # (a draft after it: no carry needed)
+    assert sent.messages[-1]["content"] == "def f():\n    return" and not sent.carried
+    with pytest.raises(TargetError, match="no token end is known"):
+        (await turn._request(out.context + "x\n"))  # (a draft ending in whitespace: its tokens are unknown)
+
+
+async def test_a_trimmed_message_the_caller_ends_in_whitespace_is_decoded_plainly(served):
+    """The caller's own message ending in a newline: a plain call continues
+    it trimmed, so nothing may be sent after it."""
+    served.chat_prefill = "tgi"
+    messages = chat_of(EDIT) + [{"role": "assistant", "content": "def pay(amount, rate):\n"}]
+    body = {"model": "fake-model", "messages": messages, "max_tokens": 40, "temperature": 0}
+    truth = served.handle(httpx.Request("POST", BASE_URL + "/chat/completions", json=body)).json()["choices"][0]["message"]["content"]
+    async with client_for() as client:
+        result = await client.chat(messages, max_tokens=40, continue_final=True)
+    assert result.text == truth
+    assert any("ends in whitespace" in note for note in result.stats.notes)
 
 
 async def test_no_logprobs_on_chat_means_plain_chat(fake):
@@ -494,8 +610,8 @@ async def test_a_side_branch_sent_under_the_stored_form_counts_only_if_the_probe
         turn = ChatTurn(None, chat_of("hi"))  # type: ignore[arg-type]
         probe: asyncio.Future = asyncio.get_running_loop().create_future()
         turn.pending, turn.provisional = probe, stored
-        messages, sent, _ = await turn._request(turn.head + "some", provisional=True)
-        assert sent == fields and messages[-1] == {"role": "assistant", "content": "some"}
+        sent = await turn._request(turn.head + "some", provisional=True)
+        assert sent.fields == fields and sent.messages[-1] == {"role": "assistant", "content": "some"}
         unasked = await ChatTurn(None, chat_of("hi")).side_confirmed()  # type: ignore[arg-type]
         probe.set_exception(answer) if isinstance(answer, Exception) else probe.set_result(answer)
         return unasked, await turn.side_confirmed()
@@ -504,4 +620,5 @@ async def test_a_side_branch_sent_under_the_stored_form_counts_only_if_the_probe
     assert await verdict(ChatSupport(True, {}, True, 0.1)) == (True, False)
     assert await verdict(ChatSupport(True, dict(fields), True, 0.1, repeats_prefill=True)) == (True, False)
     assert await verdict(ChatSupport(True, dict(fields), True, 0.1, reason="trims whitespace")) == (True, False)
+    assert await verdict(ChatSupport(True, dict(fields), True, 0.1, trims_trailing=True)) == (True, False)
     assert await verdict(RuntimeError("probe failed")) == (True, False)

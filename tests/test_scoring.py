@@ -98,3 +98,93 @@ async def test_a_malformed_generate_answer_is_a_response_error_not_a_crash():
             with pytest.raises(TargetResponseError, match="malformed /generate answer") as refused:
                 await client.api.complete("Hello", max_tokens=1, logprobs=1, echo=True)
     assert API_KEY not in str(refused.value)
+
+
+# -- TGI's /generate details and Together's echo: each position's own logprob only ----------
+
+
+def tgi_like() -> FakeTarget:
+    """TGI: its /v1/completions has no echo, its root /generate lists the
+    prompt's tokens with their own logprobs (``decoder_input_details``)."""
+    return FakeTarget(echo="ignore", tgi_generate=True, chat_prefill="tgi")
+
+
+@pytest.mark.parametrize("name", ["code", "json", "emoji"])
+async def test_echo_rounds_on_tgi_score_with_generate_details_and_stay_exact(name):
+    prompt = PROMPTS[name] * 3
+    with over_http(tgi_like()) as (fake, url):
+        async with SpecClient(url, None, "fake-model", strategy="echo", profile="off") as client:
+            caps = await client.probe()
+            result = await client.generate(prompt, max_tokens=60)
+        async with SpecClient(url, None, "fake-model", drafter=None, profile="off") as plain:
+            truth = await plain.generate(prompt, max_tokens=60)
+    assert caps.echo and caps.scoring == "tgi"
+    assert result.text == truth.text and result.finish_reason == truth.finish_reason
+    scored = [r for r in fake.requests if "inputs" in r]
+    assert result.stats.strategy_rounds.get("echo", 0) >= 1 and len(scored) >= result.stats.strategy_rounds["echo"]
+    assert all(r["parameters"]["details"] and r["parameters"]["decoder_input_details"] and not r["parameters"]["do_sample"] for r in scored)
+    assert result.stats.accepted_tokens > 0
+
+
+async def test_tgis_documented_answer_is_read_as_an_echo_that_proves_only_likely_tokens():
+    """The request and answer as TGI documents them, mocked with respx: a
+    prompt token more likely than not is the target's choice; one less
+    likely says nothing (no top candidates), so the draft is taken up to
+    it and no correction is made up."""
+    from blackbox_spec.verifiers.base import Plan
+    from blackbox_spec.verifiers.echo import EchoVerifier
+
+    seen: list[dict] = []
+
+    def generate(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"generated_text": " there", "details": {
+            "finish_reason": "length", "generated_tokens": 1, "seed": None,
+            "prefill": [{"id": 1, "text": "Hello", "logprob": None}, {"id": 2, "text": ",", "logprob": -0.05},
+                        {"id": 3, "text": " world", "logprob": -0.2}, {"id": 4, "text": "!", "logprob": -0.9}],
+            "tokens": [{"id": 5, "text": " there", "logprob": -0.3, "special": False}],
+            "top_tokens": [[{"id": 5, "text": " there", "logprob": -0.3, "special": False}]]}})
+
+    with respx.mock(assert_all_called=False) as router:
+        router.post(ROOT + "/generate").mock(side_effect=generate)
+        async with client_for() as client:
+            client.api.scoring = "tgi"
+            c = await client.api.complete("Hello, world!", max_tokens=1, logprobs=1, echo=True)
+            verdict = await EchoVerifier(client.api).verify("Hello,", " world!", Plan("echo", extra_tokens=1))
+    assert seen[0] == {"inputs": "Hello, world!", "parameters": {"max_new_tokens": 1, "do_sample": False, "details": True,
+                                                                 "decoder_input_details": True, "top_n_tokens": 1}}
+    assert c.echoed and c.text == " there" and c.usage.prompt_tokens == 4
+    assert [u.matches for u in c.prompt_units[1:]] == [True, True, False]
+    assert [u.text for u in verdict.units] == [" world"] and verdict.plain_next  # ("!" unproven: the round ends before it)
+
+
+async def test_a_together_style_echo_is_found_and_read():
+    """Together answers completions ``echo`` + ``logprobs`` with the
+    prompt's tokens beside the choices (``prompt[0].logprobs``): the probe
+    names that form, and echo rounds read it and stay exact."""
+    fake = FakeTarget()
+
+    def together(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        answer = fake.handle(request)
+        if not body.get("echo") or answer.status_code != 200:
+            return answer
+        data = answer.json()
+        choice, logprobs = data["choices"][0], data["choices"][0]["logprobs"]
+        split = data["usage"]["prompt_tokens"]
+        data["prompt"] = [{"text": body["prompt"], "logprobs": {"tokens": logprobs["tokens"][:split], "token_logprobs": logprobs["token_logprobs"][:split]}}]
+        choice["text"] = choice["text"][len(body["prompt"]):]
+        choice["logprobs"] = {"tokens": logprobs["tokens"][split:], "token_logprobs": logprobs["token_logprobs"][split:]}
+        return httpx.Response(200, json=data)
+
+    prompt = PROMPTS["code"] * 3
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        router.post("/completions").mock(side_effect=together)
+        router.get("/models").mock(side_effect=fake.handle)
+        async with client_for(strategy="echo") as client:
+            caps = await client.probe()
+            result = await client.generate(prompt, max_tokens=60)
+        async with client_for(drafter=None) as plain:
+            truth = await plain.generate(prompt, max_tokens=60)
+    assert caps.echo and caps.scoring == "together"
+    assert result.text == truth.text and result.stats.strategy_rounds.get("echo", 0) >= 1 and result.stats.accepted_tokens > 0

@@ -391,7 +391,9 @@ class FakeTarget:
     # is treated: "vllm" continues it when asked (``continue_final_message``
     # and ``add_generation_prompt=false``), "llama" always continues it
     # (assistant prefill, unknown fields ignored), "trailing" continues it
-    # without repeating it (TGI, Groq), "prefix" continues it only where it
+    # without repeating it (Groq), "tgi" too, with its trailing whitespace
+    # trimmed (TGI cuts the template after the message and trims its end),
+    # "prefix" continues it only where it
     # says ``"prefix": true`` and refuses it otherwise, and vLLM's fields
     # (Mistral; DeepSeek's ``/beta``), "none" closes it and starts a new
     # turn (as OpenAI does).  ``chat_trims``: the template strips each
@@ -425,6 +427,10 @@ class FakeTarget:
     # prompt (``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``);
     # pair with ``echo="ignore"``: its ``/v1/completions`` echo gives no prompt logprobs.
     sglang_generate: bool = False
+    # TGI's ``/generate`` at the server's root: ``details`` and
+    # ``decoder_input_details`` list the prompt's tokens with their own
+    # logprobs only (pair with ``echo="ignore"``, and ``chat_prefill="tgi"``).
+    tgi_generate: bool = False
     # ``/v1/completions`` offered (self-hosted servers); many hosted APIs serve chat only.
     completions: bool = True
     # The chat template: "plain" ("User:\n..."), or "chatml" (Qwen's
@@ -578,8 +584,11 @@ class FakeTarget:
         if method == "POST" and path.endswith("/detokenize") and not path.startswith("/v1"):
             ids = json.loads(content or b"{}").get("tokens") or []
             return 200, {"prompt": self.tokenizer.decode(int(i) for i in ids)}, None
-        if self.sglang_generate and method == "POST" and path.endswith("/generate") and not path.startswith("/v1"):
-            return self._sglang(json.loads(content or b"{}"))
+        if method == "POST" and path.endswith("/generate") and not path.startswith("/v1") and (self.sglang_generate or self.tgi_generate):
+            body = json.loads(content or b"{}")
+            if self.tgi_generate:
+                return self._tgi(body) if isinstance(body.get("inputs"), str) else self._error(422, "Failed to deserialize the JSON body: missing field `inputs`", "validation")
+            return self._sglang(body)
         if method != "POST" or not path.endswith("/completions"):
             return self._error(404, f"Not Found: {path}", "NotFoundError")
         try:
@@ -627,7 +636,7 @@ class FakeTarget:
                 content = content.strip()
             head = opening.format(role=message["role"], Role=message["role"].title())
             if continue_final and i == len(messages) - 1:
-                parts.append(head + content)
+                parts.append(head + (content.rstrip() if self.chat_prefill == "tgi" else content))
                 return "".join(parts)
             parts.append(head + content + closing)
         if add_generation_prompt:
@@ -656,7 +665,7 @@ class FakeTarget:
             if unknown := [k for k in self._VLLM_FIELDS if k in body]:
                 return self._error(422, f"body.{unknown[0]}: Extra inputs are not permitted", "invalid_request_error")
             continue_final, add_generation_prompt = final_is_assistant, not final_is_assistant
-        elif self.chat_prefill in ("llama", "trailing"):
+        elif self.chat_prefill in ("llama", "trailing", "tgi"):
             continue_final, add_generation_prompt = final_is_assistant, not final_is_assistant
         else:
             continue_final, add_generation_prompt = False, True
@@ -820,6 +829,40 @@ class FakeTarget:
             if body.get("top_logprobs_num"):
                 meta |= {"input_top_logprobs": tops(prompt_entries), "output_top_logprobs": tops(out_entries)}
         return 200, {"text": answer.shown(stream=False), "meta_info": meta}, None
+
+    def _tgi(self, body: dict) -> tuple[int, dict, list | None]:
+        """TGI's ``/generate``, as its documentation shapes it: ``inputs`` and
+        ``parameters`` in; ``generated_text`` and ``details`` out, with
+        ``prefill`` (each prompt token's own logprob: no top candidates; the
+        first none) under ``decoder_input_details``, ``tokens`` (``special``
+        marks the end of text) and ``top_tokens`` under ``top_n_tokens``."""
+        params = body.get("parameters") or {}
+        stop = params.get("stop") or []
+        prompt_ids = self.tokenizer.encode(body["inputs"])
+        answer = self._decode(prompt_ids, int(params.get("max_new_tokens") or 20), list(stop))
+        out, listed = answer.ids, bool(params.get("decoder_input_details"))
+        self.requests.append(dict(body, _generated=len(out), _prefilled=len(prompt_ids) if listed else 0, _prompt_ids=prompt_ids, _generated_ids=out))
+        eos = self.tokenizer.eos_id
+        finish = "length" if answer.finish == "length" else "eos_token" if out and out[-1] == eos else "stop_sequence"
+        details: dict[str, Any] = {"finish_reason": finish, "generated_tokens": len(out), "seed": None}
+        if params.get("details"):
+            own = [(token, text, lp) for token, text, lp, _ in self._rendered(prompt_ids, self._rankings([], prompt_ids), self.prompt_form)]
+            details["prefill"] = [{"id": token, "text": text, "logprob": self._own_logprob(prompt_ids, k)} for k, (token, text, _) in enumerate(own)] if listed else []
+            entries = self._rendered(out, self._rankings(prompt_ids, out))
+            details["tokens"] = [{"id": token, "text": text, "logprob": lp, "special": token == eos} for token, text, lp, _ in entries]
+            if params.get("top_n_tokens"):
+                details["top_tokens"] = [[{"id": None, "text": t, "logprob": v, "special": False} for t, v in sorted((top or {}).items(), key=lambda kv: -kv[1])]
+                                         [: int(params["top_n_tokens"])] for _, _, _, top in entries]
+        return 200, {"generated_text": answer.shown(stream=False), "details": details}, None
+
+    def _own_logprob(self, ids: list[int], k: int) -> float | None:
+        """The model's logprob of ``ids[k]`` after ``ids[:k]`` (as
+        ``_prompt_logprobs`` reports it); None for the first."""
+        if k == 0:
+            return None
+        (t1, lp1), (t2, lp2) = self.model.state(ids[:k]).ranked()
+        token = ids[k]
+        return lp1 if token == t1 else lp2 if token == t2 else lp2 - 3.0 - (token % 5) / 10.0
 
     def _rankings(self, before: list[int], ids: list[int]) -> list[tuple | None]:
         """The model's top two at each of ``ids``' positions, after ``before``
@@ -1092,18 +1135,22 @@ def main() -> None:  # pragma: no cover - exercised by the CLI subprocess tests
                         help="how logprobs show tokens that split characters (the servers' conventions, testing/forms.py)")
     parser.add_argument("--stop-rule", choices=["first-listed", "earliest-end", "earliest-start"], default="first-listed",
                         help="which stop string wins when several complete at once")
-    parser.add_argument("--chat-prefill", choices=["vllm", "llama", "trailing", "prefix", "none"], default="vllm",
+    parser.add_argument("--chat-prefill", choices=["vllm", "llama", "trailing", "tgi", "prefix", "none"], default="vllm",
                         help="how chat treats a final assistant message: vLLM's continue_final_message, llama.cpp's prefill (repeated), "
-                             "continued as it is (TGI, Groq), only with \"prefix\": true on it (Mistral, DeepSeek), or a new turn (OpenAI)")
+                             "continued as it is (Groq), continued with its trailing whitespace trimmed (TGI), only with \"prefix\": true on it "
+                             "(Mistral, DeepSeek), or a new turn (OpenAI)")
     parser.add_argument("--no-completions", action="store_true", help="serve chat only (/completions answers 404, as hosted APIs do)")
     parser.add_argument("--sglang-generate", action="store_true", help="serve SGLang's native /generate at the root, which scores prompts "
                         "(with --echo ignore, as SGLang's /v1/completions echo gives no prompt logprobs)")
+    parser.add_argument("--tgi-generate", action="store_true", help="serve TGI's native /generate at the root, whose details list "
+                        "each prompt token's own logprob (with --echo ignore and --chat-prefill tgi, as TGI itself)")
     args = parser.parse_args()
     model = FakeModel(FakeTokenizer(byte_level=args.byte_level), deviate_every=args.deviate_every)
     fake = FakeTarget(model_name=args.model, echo=args.echo, model=model, latency=args.latency_ms / 1000,
                       decode_s=args.decode_ms / 1000, prefill_s=args.prefill_ms / 1000, api_key=args.api_key,
                       context_window=args.context_window, token_form=args.token_form, stop_rule=args.stop_rule,
-                      chat_prefill=args.chat_prefill, completions=not args.no_completions, sglang_generate=args.sglang_generate)
+                      chat_prefill=args.chat_prefill, completions=not args.no_completions, sglang_generate=args.sglang_generate,
+                      tgi_generate=args.tgi_generate)
     faults = None
     if args.fault_rate:
         faults = Faults(rate=args.fault_rate, seed=args.fault_seed, **({"kinds": tuple(args.fault_kinds)} if args.fault_kinds else {}))

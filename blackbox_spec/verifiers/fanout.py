@@ -45,7 +45,7 @@ def units_through(units: list[Unit], draft: str, start: int, end: int) -> list[U
     return taken if pos == end else None
 
 
-def is_likely_boundary(text: str, p: int) -> bool:
+def is_likely_boundary(text: str, p: int, trims: bool = False) -> bool:
     """Does a token of a BPE target probably end at ``text[:p]``?
 
     Byte-level BPE tokenizers (GPT-4, Llama 3, Qwen 2) first split text with
@@ -54,19 +54,21 @@ def is_likely_boundary(text: str, p: int) -> bool:
     indentation or the next word), and right before a space that follows a
     non-space (the space starts the next word's piece).  A newline right
     after punctuation is *not* one: ``"):\n"`` is a single piece.
+    ``trims``: the server trims the text's trailing whitespace, so only the
+    second kind will do.
     """
     if not 0 < p < len(text):
         return False
     before, after = text[p - 1], text[p]
     if before == "\n":
-        return after not in "\r\n"
+        return after not in "\r\n" and not trims
     return after == " " and not before.isspace()
 
 
-def likely_boundaries(draft: str, width: int, segment: int) -> list[int]:
+def likely_boundaries(draft: str, width: int, segment: int, trims: bool = False) -> list[int]:
     """Offsets near ``segment, 2*segment, ...`` where a token probably ends
-    (:func:`is_likely_boundary`).  A wrong guess costs only that branch: the
-    chain stops there.
+    (:func:`is_likely_boundary`, ``trims`` as there).  A wrong guess costs
+    only that branch: the chain stops there.
     """
     offsets = [0]
     for k in range(1, width):
@@ -76,7 +78,7 @@ def likely_boundaries(draft: str, width: int, segment: int) -> list[int]:
         best = None
         for delta in range(0, segment // 2 + 1):
             for p in (target - delta, target + delta):
-                if offsets[-1] < p < len(draft) and is_likely_boundary(draft, p):
+                if offsets[-1] < p < len(draft) and is_likely_boundary(draft, p, trims):
                     best = p
                     break
             if best is not None:
@@ -95,7 +97,7 @@ class FanoutVerifier:
     async def verify(self, context: str, draft: str, plan: Plan) -> Verdict:
         started = time.perf_counter()
         segment = plan.segment_chars or max(1, len(draft) // max(1, plan.width))
-        offsets = likely_boundaries(draft, plan.width, segment) if draft else [0]
+        offsets = likely_boundaries(draft, plan.width, segment, getattr(self.api, "trims_trailing", False)) if draft else [0]
         results: list[Completion | None] = [None] * len(offsets)
         tasks = {
             asyncio.ensure_future(
