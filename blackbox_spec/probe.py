@@ -119,7 +119,7 @@ async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, .
     echoed = await scoring_call(api, prompt)  # completions echo (vLLM's, Together's), else SGLang's or TGI's /generate
     report.echo, report.scoring = echoed is not None, api.scoring if echoed is not None else None
     if echoed is None:
-        report.notes.append("echo not offered: neither a completions echo nor SGLang's /generate returned prompt logprobs")
+        report.notes.append("echo not offered: neither a completions echo nor SGLang's or TGI's /generate returned prompt logprobs")
     if echoed is not None:
         tokens_per_filler = max(1, echoed.usage.prompt_tokens // 2)
         for n in contexts:
@@ -214,7 +214,7 @@ def recommend(report: ProbeReport, context_tokens: int = 1000) -> tuple[str, lis
 SCORING_NAMES = {
     "together": " (Together's echo)",
     "sglang": " (SGLang /generate)",
-    "tgi": " (TGI /generate details: tokens proven where p > 0.5)",
+    "tgi": " (TGI /generate details: tokens proven where p > 0.51)",
 }
 
 

@@ -846,8 +846,8 @@ class FakeTarget:
         finish = "length" if answer.finish == "length" else "eos_token" if out and out[-1] == eos else "stop_sequence"
         details: dict[str, Any] = {"finish_reason": finish, "generated_tokens": len(out), "seed": None}
         if params.get("details"):
-            own = [(token, text, lp) for token, text, lp, _ in self._rendered(prompt_ids, self._rankings([], prompt_ids), self.prompt_form)]
-            details["prefill"] = [{"id": token, "text": text, "logprob": self._own_logprob(prompt_ids, k)} for k, (token, text, _) in enumerate(own)] if listed else []
+            rendered = self._rendered(prompt_ids, self._rankings([], prompt_ids), self.prompt_form) if listed else []
+            details["prefill"] = [{"id": token, "text": text, "logprob": lp} for (token, text, _, _), lp in zip(rendered, self._own_logprobs(prompt_ids))]
             entries = self._rendered(out, self._rankings(prompt_ids, out))
             details["tokens"] = [{"id": token, "text": text, "logprob": lp, "special": token == eos} for token, text, lp, _ in entries]
             if params.get("top_n_tokens"):
@@ -855,14 +855,14 @@ class FakeTarget:
                                          [: int(params["top_n_tokens"])] for _, _, _, top in entries]
         return 200, {"generated_text": answer.shown(stream=False), "details": details}, None
 
-    def _own_logprob(self, ids: list[int], k: int) -> float | None:
-        """The model's logprob of ``ids[k]`` after ``ids[:k]`` (as
-        ``_prompt_logprobs`` reports it); None for the first."""
-        if k == 0:
-            return None
-        (t1, lp1), (t2, lp2) = self.model.state(ids[:k]).ranked()
-        token = ids[k]
-        return lp1 if token == t1 else lp2 if token == t2 else lp2 - 3.0 - (token % 5) / 10.0
+    def _own_logprobs(self, ids: list[int]) -> list[float | None]:
+        """The model's logprob of each of ``ids`` after those before it (as
+        ``_prompt_logprobs`` reports them); None for the first."""
+        lps: list[float | None] = [None] if ids else []
+        for token, ranked in zip(ids[1:], self._rankings([], ids)[1:]):
+            (t1, lp1), (t2, lp2) = ranked  # type: ignore[misc]
+            lps.append(lp1 if token == t1 else lp2 if token == t2 else lp2 - 3.0 - (token % 5) / 10.0)
+        return lps
 
     def _rankings(self, before: list[int], ids: list[int]) -> list[tuple | None]:
         """The model's top two at each of ``ids``' positions, after ``before``
