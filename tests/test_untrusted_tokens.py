@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from blackbox_spec import NondeterministicTargetError, SpecClient
 from blackbox_spec._tokens import AlignmentError
 from blackbox_spec.cli import _summary
-from blackbox_spec.proxy import _spec_headers
+from blackbox_spec.serving.answers import spec_headers as _spec_headers
 from blackbox_spec.testing import FakeModel, FakeTarget, FakeTokenizer
 from blackbox_spec.testing.corrupt import KINDS, corrupting
 

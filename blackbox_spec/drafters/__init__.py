@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import threading
 from typing import Callable
 
 from .._exceptions import ConfigurationError
@@ -27,6 +29,33 @@ __all__ = [
     "DRAFTERS", "Drafter", "DraftLength", "DrafterFactory", "ModelDrafter", "NGramDrafter", "PredictionDrafter",
     "SessionIndex", "SuffixDrafter", "lookup_continuation",
 ]
+
+
+class _LoadedModel:
+    """A draft model, loaded once on first use and then only read: every
+    factory that shares this object drafts with the same one (``bspec
+    serve`` keeps one per process, whatever the number of callers' keys)."""
+
+    def __init__(self, kind: str, path: str | None, device: str) -> None:
+        self.kind, self.path, self.device = kind, path, device
+        self.model = None
+        self.loads = 0
+        self._lock = threading.Lock()
+
+    def get(self):
+        with self._lock:  # (two generations starting at once load it once)
+            if self.model is None:
+                if self.kind == "llama":
+                    from .llama import LlamaCppModel
+
+                    model = LlamaCppModel(self.path)  # type: ignore[arg-type]
+                else:
+                    from .hf import HFModel
+
+                    model = HFModel(self.path, device=self.device)
+                vocabulary_of(model)  # the healing index, built once, not in the first draft
+                self.model, self.loads = model, self.loads + 1
+            return self.model
 
 
 class DrafterFactory:
@@ -45,7 +74,7 @@ class DrafterFactory:
         self.draft_model = draft_model
         self.draft_device = draft_device
         self.session = session or SessionIndex()
-        self._model = None
+        self.loaded = _LoadedModel(kind, draft_model, draft_device)
         if kind in ("llama", "hf"):
             if not draft_model:
                 flag = "--draft-model PATH.gguf" if kind == "llama" else "--draft-model FOLDER"
@@ -61,27 +90,28 @@ class DrafterFactory:
         elif draft_model:
             raise ConfigurationError(f"--draft-model is for --drafter llama or hf, not {kind}")
 
+    @property
+    def _model(self):
+        return self.loaded.model
+
+    def sibling(self) -> "DrafterFactory":
+        """A factory for the same drafter with a session index of its own:
+        the same draft model (loaded once, for both), nothing learned shared."""
+        twin = copy.copy(self)
+        twin.session = SessionIndex()
+        return twin
+
     def load(self) -> None:
         """Load the draft model now (it takes seconds); a no-op otherwise."""
-        if self._model is not None or self.kind not in ("llama", "hf"):
-            return
-        if self.kind == "llama":
-            from .llama import LlamaCppModel
-
-            self._model = LlamaCppModel(self.draft_model)  # type: ignore[arg-type]
-        else:
-            from .hf import HFModel
-
-            self._model = HFModel(self.draft_model, device=self.draft_device)
-        vocabulary_of(self._model)  # the healing index, built once, not in the first draft
+        if self.kind in ("llama", "hf"):
+            self.loaded.get()
 
     def __call__(self) -> Drafter:
         if self.kind == "ngram":
             return NGramDrafter()
         if self.kind == "suffix":
             return SuffixDrafter(session=self.session)
-        self.load()
-        return ModelDrafter(self._model)  # type: ignore[arg-type]
+        return ModelDrafter(self.loaded.get())
 
 
 def _require(module: str, message: str) -> None:
@@ -91,9 +121,12 @@ def _require(module: str, message: str) -> None:
 
 def drafter_factory(spec: "str | Drafter | None", *, draft_model: str | None = None, draft_device: str = "cpu") -> Callable[[], Drafter] | None:
     """What ``SpecClient(drafter=...)`` accepts: a name, a drafter instance
-    (used for every generation), or None / "none" for plain decoding."""
+    (used for every generation), a factory (``DrafterFactory.sibling``:
+    one draft model for several clients), or None / "none" for plain decoding."""
     if spec is None or spec == "none":
         return None
+    if isinstance(spec, DrafterFactory):
+        return spec
     if isinstance(spec, str):
         return DrafterFactory(spec, draft_model=draft_model, draft_device=draft_device)
     if draft_model:
