@@ -1,7 +1,8 @@
 """One-call scoring forms beyond vLLM's completions echo (``_scoring``):
-SGLang's native ``/generate``, found by the probe where ``/v1/completions``
-echo gives no prompt logprobs, used by echo rounds, kept in the profile,
-and exact."""
+SGLang's and TGI's native ``/generate``, found by the probe where
+``/v1/completions`` echo gives no prompt logprobs, and Together's echo;
+used by echo rounds, kept in the profile, exact; each read from its
+documented shape."""
 
 from __future__ import annotations
 
@@ -27,20 +28,38 @@ def sglang_like() -> FakeTarget:
     return FakeTarget(echo="ignore", sglang_generate=True)
 
 
+def tgi_like() -> FakeTarget:
+    """TGI: its /v1/completions has no echo, its root /generate lists the
+    prompt's tokens with their own logprobs (``decoder_input_details``)."""
+    return FakeTarget(echo="ignore", tgi_generate=True, chat_prefill="tgi")
+
+
+def _scored_by_generate(form: str, request: dict) -> bool:
+    """Is ``request`` (as the fake recorded it) a /generate call in ``form``, asking for the prompt's scores?"""
+    if form == "sglang":
+        return "text" in request and request["return_logprob"] and request["logprob_start_len"] == 0 and request["return_text_in_logprobs"]
+    params = request.get("parameters") or {}
+    return "inputs" in request and params["details"] and params["decoder_input_details"] and not params["do_sample"]
+
+
+@pytest.mark.parametrize("form", ["sglang", "tgi"])
 @pytest.mark.parametrize("name", ["code", "json", "emoji"])
-async def test_echo_rounds_on_sglang_score_with_generate_and_stay_exact(name):
+async def test_echo_rounds_score_with_generate_and_stay_exact(name, form):
+    """SGLang's and TGI's /generate found by the probe where completions echo
+    gives no prompt logprobs, every echo round scored by it alone, exact.
+    (TGI's proves only tokens with p > 0.51: the fake's top choices all are.)"""
     prompt = PROMPTS[name] * 3
-    with over_http(sglang_like()) as (fake, url):
+    with over_http(sglang_like() if form == "sglang" else tgi_like()) as (fake, url):
         async with SpecClient(url, None, "fake-model", strategy="echo", profile="off") as client:
             caps = await client.probe()
             result = await client.generate(prompt, max_tokens=60)
         async with SpecClient(url, None, "fake-model", drafter=None, profile="off") as plain:
             truth = await plain.generate(prompt, max_tokens=60)
-    assert caps.echo and caps.scoring == "sglang"
+    assert caps.echo and caps.scoring == form
     assert result.text == truth.text and result.finish_reason == truth.finish_reason
-    scored = [r for r in fake.requests if "text" in r]
+    scored = [r for r in fake.requests if "text" in r or "inputs" in r]
     assert result.stats.strategy_rounds.get("echo", 0) >= 1 and len(scored) >= result.stats.strategy_rounds["echo"]
-    assert all(r["return_logprob"] and r["logprob_start_len"] == 0 and r["return_text_in_logprobs"] for r in scored)
+    assert all(_scored_by_generate(form, r) for r in scored) and result.stats.accepted_tokens > 0
     assert not any(r.get("echo") for r in fake.requests if "prompt" in r and r["_prefilled"])  # (no completions echo was used)
 
 
@@ -101,29 +120,6 @@ async def test_a_malformed_generate_answer_is_a_response_error_not_a_crash():
 
 
 # -- TGI's /generate details and Together's echo: each position's own logprob only ----------
-
-
-def tgi_like() -> FakeTarget:
-    """TGI: its /v1/completions has no echo, its root /generate lists the
-    prompt's tokens with their own logprobs (``decoder_input_details``)."""
-    return FakeTarget(echo="ignore", tgi_generate=True, chat_prefill="tgi")
-
-
-@pytest.mark.parametrize("name", ["code", "json", "emoji"])
-async def test_echo_rounds_on_tgi_score_with_generate_details_and_stay_exact(name):
-    prompt = PROMPTS[name] * 3
-    with over_http(tgi_like()) as (fake, url):
-        async with SpecClient(url, None, "fake-model", strategy="echo", profile="off") as client:
-            caps = await client.probe()
-            result = await client.generate(prompt, max_tokens=60)
-        async with SpecClient(url, None, "fake-model", drafter=None, profile="off") as plain:
-            truth = await plain.generate(prompt, max_tokens=60)
-    assert caps.echo and caps.scoring == "tgi"
-    assert result.text == truth.text and result.finish_reason == truth.finish_reason
-    scored = [r for r in fake.requests if "inputs" in r]
-    assert result.stats.strategy_rounds.get("echo", 0) >= 1 and len(scored) >= result.stats.strategy_rounds["echo"]
-    assert all(r["parameters"]["details"] and r["parameters"]["decoder_input_details"] and not r["parameters"]["do_sample"] for r in scored)
-    assert result.stats.accepted_tokens > 0
 
 
 async def test_tgis_documented_answer_is_read_as_an_echo_that_proves_only_likely_tokens():
