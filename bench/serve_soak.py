@@ -216,8 +216,8 @@ def main() -> None:
                              "--fault-rate", str(args.fault_rate), "--hang-s", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = (args.out or "/tmp/bspec-soak") + ".serve.log"
     env = dict(os.environ, BSPEC_SERVE_KEYS=",".join(KEYS), BSPEC_PROFILES=os.environ.get("BSPEC_PROFILES", "/tmp/bspec-soak-profiles"))
-    proxy = subprocess.Popen(["bspec", "serve", "--base-url", f"http://127.0.0.1:{fake_port}/v1", "--port", str(proxy_port), "--timeout", "30",
-                              "--max-speculative", "4"], env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    proxy = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "bspec"), "serve", "--base-url", f"http://127.0.0.1:{fake_port}/v1", "--port", str(proxy_port), "--timeout", "30",
+                              "--max-speculative", "16"], env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     try:
         wait_up(f"http://127.0.0.1:{fake_port}/fake/stats")
         wait_up(f"http://127.0.0.1:{proxy_port}/health")

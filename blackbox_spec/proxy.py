@@ -291,7 +291,10 @@ class Proxy:
             if problem is not None:
                 raise Refused(400, problem)
         except Refused as refused:
-            self.metrics.refused += 1
+            if refused.status == 499:
+                self.metrics.disconnected += 1
+            else:
+                self.metrics.refused += 1
             return error(refused.status, refused.message)
         key = self.upstream_key(request)
         model = body.get("model") or self.default_model

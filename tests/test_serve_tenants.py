@@ -187,3 +187,25 @@ def test_a_caller_that_leaves_mid_stream_frees_its_slot_and_upstream_work(versio
             metrics, idle = _metrics(base), in_flight(url) == 0
     assert freed is not None and idle
     assert metrics["disconnected"] == 1 and metrics["speculated"] == 1
+
+
+async def test_a_caller_that_leaves_while_sending_its_body_is_no_error():
+    """Seen in the soak: a caller gone halfway through its body raised out of
+    the route (a 500 and a traceback in the log).  Now it is a disconnect."""
+    proxy = Proxy(UPSTREAM, None)
+    app = proxy.app()
+    messages = [{"type": "http.request", "body": b'{"model": "fake-', "more_body": True}, {"type": "http.disconnect"}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"localhost"), (b"content-type", b"application/json")], "client": ("127.0.0.1", 1), "server": ("localhost", 80)}
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 499 and proxy.metrics.disconnected == 1 and proxy.metrics.refused == 0
+    await proxy.aclose()

@@ -202,11 +202,16 @@ def refusal(scope: dict[str, Any], *, allowed_hosts: set[str], client_keys: Sequ
 
 async def read_json(request, max_body_bytes: int) -> tuple[bytes, dict[str, Any]]:
     """The body, read up to ``max_body_bytes``, as a JSON object (else ``Refused``)."""
+    from starlette.requests import ClientDisconnect
+
     raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > max_body_bytes:
-            raise Refused(413, f"the request body is larger than {max_body_bytes >> 20} MB (--max-body-mb)")
+    try:
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > max_body_bytes:
+                raise Refused(413, f"the request body is larger than {max_body_bytes >> 20} MB (--max-body-mb)")
+    except ClientDisconnect:
+        raise Refused(499, "the client went away while sending its request") from None
     try:
         body = json.loads(raw or b"{}", parse_constant=_not_json)
     except RecursionError:
