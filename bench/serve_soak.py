@@ -98,6 +98,8 @@ class Tally:
         self.accepted: dict[str, list[int]] = defaultdict(list)
         self.statuses: dict[str, int] = defaultdict(int)
         self.examples: list[str] = []
+        self.began = time.monotonic()
+        self.per_minute: dict[int, int] = defaultdict(int)  # greedy answers checked, by minute
 
 
 def make_request(rng: random.Random) -> tuple[str, dict, bool]:
@@ -133,8 +135,11 @@ async def one(http: httpx.AsyncClient, tally: Tally, truth: Truth, rng: random.R
     key = KEYS[tenant]
     started = time.perf_counter()
 
+    seen = {"headers": None}
+
     async def call() -> None:
         async with http.stream("POST", path, json=body, headers={"authorization": f"Bearer {key}"}) as response:
+            seen["headers"] = round(time.perf_counter() - started, 1)
             tag = response.headers.get("x-bspec", "")
             tally.statuses[str(response.status_code)] += 1
             if response.status_code >= 500 and not tag.startswith("passthrough"):
@@ -160,6 +165,7 @@ async def one(http: httpx.AsyncClient, tally: Tally, truth: Truth, rng: random.R
                 tally.examples.append(f"wrong: {text[:80]!r}")
                 return
             tally.counts["checked"] += 1
+            tally.per_minute[int((time.monotonic() - tally.began) // 60)] += 1
             tally.latency[key].append(time.perf_counter() - started)
             accepted = response.headers.get("x-bspec-accepted-tokens")
             if accepted is not None:
@@ -177,7 +183,8 @@ async def one(http: httpx.AsyncClient, tally: Tally, truth: Truth, rng: random.R
         pass
     except httpx.HTTPError as exc:
         tally.counts["transport_errors"] += 1
-        tally.examples.append(f"transport: {type(exc).__name__}")
+        tally.examples.append(f"transport: {type(exc).__name__} after {time.perf_counter() - started:.1f} s (headers at {seen['headers']} s, "
+                              f"{'stream' if body['stream'] else 'whole'}, {'greedy' if greedy else 'sampled'}, {path})")
 
 
 async def caller(index: int, base: str, tally: Tally, truth: Truth, until: float) -> None:
@@ -234,7 +241,7 @@ def main() -> None:
         fake.wait(10)
     report = {
         "callers": args.callers, "minutes": args.minutes, "fault_rate": args.fault_rate, "counts": dict(tally.counts), "statuses": dict(tally.statuses),
-        "examples": tally.examples[:10], "rss_mb": rss,
+        "examples": tally.examples[:40], "rss_mb": rss, "checked_per_minute": dict(sorted(tally.per_minute.items())),
         "after": {k: metrics[k] for k in ("in_progress", "passing_through", "queued", "speculating", "disconnected", "failed", "rejected_busy",
                                           "speculated", "plain_when_busy", "requests")},
         "upstream_after": {k: upstream.get(k) for k in ("in_flight", "peak_in_flight", "served", "faults")},

@@ -86,6 +86,8 @@ async def test_one_draft_model_whatever_the_number_of_callers(tmp_path, monkeypa
         client._new_drafter.load()
     assert len({id(c) for c in clients}) == 3 and len(loads) == 1
     assert len({id(c.session_index) for c in clients}) == 3  # (nothing learned is shared)
+    # Each caller's index holds a share of one budget: memory is bounded whatever the number of keys.
+    assert all(c.session_index.max_chars * proxy.max_clients <= 4_000_000 for c in clients)
     assert len({id(c._new_drafter._model) for c in clients}) == 1
     await proxy.aclose()
 

@@ -94,11 +94,12 @@ class DrafterFactory:
     def _model(self):
         return self.loaded.model
 
-    def sibling(self) -> "DrafterFactory":
-        """A factory for the same drafter with a session index of its own:
-        the same draft model (loaded once, for both), nothing learned shared."""
+    def sibling(self, session: SessionIndex | None = None) -> "DrafterFactory":
+        """A factory for the same drafter with a session index of its own
+        (``session``, else a new one): the same draft model (loaded once,
+        for both), nothing learned shared."""
         twin = copy.copy(self)
-        twin.session = SessionIndex()
+        twin.session = session or SessionIndex()
         return twin
 
     def load(self) -> None:
