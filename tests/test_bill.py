@@ -94,7 +94,12 @@ async def test_generations_at_once_on_one_client_keep_their_own_bills():
     async with client(sim) as c:
         results = await c.generate_many([RECORDINGS[n].prompt for n in names], max_tokens=200, concurrency=3)
     bills = [r.stats.bill for r in results]
-    assert sum(b.requests for b in bills) == sim.bill.requests  # every request on exactly one bill (the probe's on one of them)
+    # Every request the server saw is on exactly one bill (the probe's on one
+    # of them).  A call cancelled as it starts may not reach the server, and
+    # is billed all the same (a bill may overstate, never understate): seen
+    # under the full suite's load, 93 billed against 92 received.
+    cancelled = sum(r.stats.cancelled_calls for r in results)
+    assert sim.bill.requests <= sum(b.requests for b in bills) <= sim.bill.requests + min(cancelled, 2)
     assert all(b.requests >= 1 and b.output_tokens >= 1 for b in bills)
     for r, name in zip(results, names):
         assert r.stats.bill.prompt_tokens >= len(sim.model.tokenizer.encode(RECORDINGS[name].prompt))

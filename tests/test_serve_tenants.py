@@ -15,6 +15,8 @@ import pytest
 from blackbox_spec import drafters
 from blackbox_spec.drafters.llama import GGUF_MAGIC
 from blackbox_spec.proxy import Proxy, running
+from blackbox_spec.chat import _PROBE_MESSAGES as PROBE_MESSAGES
+from blackbox_spec.server_probe import PROBE_PROMPTS
 from blackbox_spec.testing import FakeTarget
 from blackbox_spec.testing.fake_target import FakeModel
 
@@ -149,7 +151,8 @@ def test_a_caller_that_leaves_before_the_first_byte_frees_its_slot_at_once(versi
     """The upstream takes 1.5 s to its first byte; the caller leaves after
     0.3 s.  Its slot is free well before that byte (the first piece, or a
     passed-through answer's headers, is raced with the disconnect), and no
-    upstream request is left running or started after."""
+    upstream request is left running or started after.  The server is new
+    to the proxy, so a greedy caller leaves during the client's probe of it."""
     with over_http(FakeTarget(latency=1.5, decode_s=0.01)) as (fake, url):
         proxy = Proxy(url, None, client_options={"drafter": "ngram"})
         body = {"model": "fake-model", "messages": chat_of(PROMPTS["prose"]), "max_tokens": 400, "stream": how != "whole",
@@ -168,6 +171,8 @@ def test_a_caller_that_leaves_before_the_first_byte_frees_its_slot_at_once(versi
             metrics, idle = _metrics(base), in_flight(url) == 0
     assert freed is not None and freed < 1.0, freed
     assert idle and len(fake.requests) == requests_then
+    probed = any(r.get("prompt") in PROBE_PROMPTS or r.get("messages") == PROBE_MESSAGES for r in fake.requests)
+    assert probed == (how != "passthrough")  # (it left during the probe: nothing else was sent before)
     assert metrics["disconnected"] == 1 and metrics["failed"] == 0
 
 
