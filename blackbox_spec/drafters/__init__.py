@@ -39,7 +39,6 @@ class _LoadedModel:
     def __init__(self, kind: str, path: str | None, device: str) -> None:
         self.kind, self.path, self.device = kind, path, device
         self.model = None
-        self.loads = 0
         self._lock = threading.Lock()
 
     def get(self):
@@ -54,7 +53,7 @@ class _LoadedModel:
 
                     model = HFModel(self.path, device=self.device)
                 vocabulary_of(model)  # the healing index, built once, not in the first draft
-                self.model, self.loads = model, self.loads + 1
+                self.model = model
             return self.model
 
 

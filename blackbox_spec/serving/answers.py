@@ -77,9 +77,6 @@ class Feed:
         if not self._task.done():
             self._task.cancel()
 
-    async def cancelled(self) -> None:
-        self.cancel()
-
 
 class EventStream:
     """An ASGI response that sends ``body`` while watching for the caller's
