@@ -104,7 +104,8 @@ def measure_costs(target: CachedLM, draft: CachedLM | None, prompt: list[int], g
     draft_1 = time_forward(draft, prompt, 1, repeats)
     costs = {"target_forward_1_s": target_1, "draft_forward_1_s": draft_1, "c": draft_1 / target_1, "v": {}}
     for gamma in gammas:
-        costs["v"][str(gamma)] = time_forward(target, prompt, gamma + 1, repeats) / target_1
+        if gamma != "auto":
+            costs["v"][str(gamma)] = time_forward(target, prompt, gamma + 1, repeats) / target_1
     return costs
 
 
@@ -163,13 +164,15 @@ def run_real(args: argparse.Namespace) -> dict:
     if args.heads:
         from blackbox_spec.local.heads import MedusaProposer, load_medusa
 
-        speculators["medusa"] = LocalSpeculator(target, None, tokenizer, proposer=MedusaProposer(load_medusa(args.heads, target, tokenizer), nodes=args.medusa_nodes),
-                                                **ENGINES[first])
+        proposer = MedusaProposer(load_medusa(args.heads, target, tokenizer), nodes=args.medusa_nodes)
+        speculators |= {_tree_label("medusa", mode): LocalSpeculator(target, None, tokenizer, proposer=proposer, gamma=mode if mode == "auto" else 1,
+                                                                     **ENGINES[first]) for mode in args.tree_modes}
     if args.eagle:
         from blackbox_spec.local.eagle import EagleProposer, load_eagle
 
         proposer = EagleProposer(load_eagle(args.eagle, target, tokenizer), depth=args.eagle_tree[0], expand=args.eagle_tree[1], nodes=args.eagle_tree[2])
-        speculators["eagle"] = LocalSpeculator(target, None, tokenizer, proposer=proposer, **ENGINES[first])
+        speculators |= {_tree_label("eagle", mode): LocalSpeculator(target, None, tokenizer, proposer=proposer, gamma=mode if mode == "auto" else 1,
+                                                                    **ENGINES[first]) for mode in args.tree_modes}
     chosen = [p for p in PROMPTS if p.name in args.prompts]
     first_ids = list(tokenizer(chosen[0].text)["input_ids"])
     engine_costs = lambda: {e: measure_costs(*sides_of(e, speculators, plain, args), first_ids, args.gammas, args.cost_repeats) for e in args.engines}  # noqa: E731
@@ -180,6 +183,14 @@ def run_real(args: argparse.Namespace) -> dict:
         # untimed generation per side first, so the runs time the steps.
         for speculator in [plain, *speculators.values()]:
             speculator.generate(chosen[0].text, max_tokens=args.max_tokens, sampling=SamplingParams(0.7), seed=1)
+    calibration = {}
+    for label, speculator in speculators.items():
+        if speculator.auto and (speculator.draft is not None or speculator.proposer is not None):
+            # --gamma auto measures its costs once per process (and keeps them
+            # on disk): a short untimed generation does it here, and says how long.
+            warm = speculator.generate(chosen[0].text, max_tokens=8, sampling=SamplingParams(0.7), seed=1)
+            calibration[label] = warm.local.auto.get("costs")
+    print(f"calibration: {json.dumps(calibration)}", file=sys.stderr, flush=True)
     runs = []
     for prompt in chosen:
         for temperature in args.temperatures:
@@ -205,6 +216,8 @@ def run_real(args: argparse.Namespace) -> dict:
                     }
                     if local.accepted_per_depth:
                         row[label]["accepted_per_depth"] = [n / max(local.target_forwards, 1) for n in local.accepted_per_depth]
+                    if local.auto:
+                        row[label]["auto"] = local.auto
                     if temperature == 0:
                         row[label]["same_text_as_plain"] = result.text == base.text
                 runs.append(row)
@@ -222,7 +235,7 @@ def run_real(args: argparse.Namespace) -> dict:
             }
             if label.startswith("plain"):
                 pass
-            elif label in ("medusa", "eagle"):
+            elif label.startswith(("medusa", "eagle")):
                 workloads = {p.workload for p in chosen}
                 # The figure: the mean accepted length (tokens per
                 # target forward, bonus included) per workload.
@@ -233,6 +246,9 @@ def run_real(args: argparse.Namespace) -> dict:
                 per_depth = [c.get("accepted_per_depth", []) for c in cells]
                 entry["accepted_per_depth_per_forward_mean"] = [statistics.fmean(d[k] if k < len(d) else 0.0 for d in per_depth)
                                                                 for k in range(max(map(len, per_depth)))]
+            elif label.startswith("gamma=auto"):
+                entry |= {"alpha_median": statistics.median(c["alpha"] for c in cells),
+                          "gamma_rounds": _sum_counts(c["auto"].get("gamma_rounds", {}) for c in cells)}
             else:
                 gamma = int(label.split("=")[1].split()[0])
                 alpha = statistics.median(c["alpha"] for c in cells)
@@ -244,7 +260,20 @@ def run_real(args: argparse.Namespace) -> dict:
             if temperature == 0:
                 entry["same_text_as_plain"] = f"{sum(c['same_text_as_plain'] for c in cells)}/{len(cells)}"
             summary[f"T={temperature} {label}"] = entry
-    return {"baseline": f"plain sampling, engine {plain.engine}", "costs": costs, "summary": summary, "runs": runs, "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
+    return {"baseline": f"plain sampling, engine {plain.engine}", "costs": costs, "calibration": calibration, "summary": summary, "runs": runs,
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
+
+
+def _tree_label(kind: str, mode: str) -> str:
+    return kind if mode == "auto" else f"{kind} whole"
+
+
+def _sum_counts(dicts) -> dict:
+    total: dict = {}
+    for counts in dicts:
+        for key, n in counts.items():
+            total[key] = total.get(key, 0) + n
+    return dict(sorted(total.items(), key=lambda kv: int(kv[0])))
 
 
 def run_random(args: argparse.Namespace) -> dict:
@@ -255,6 +284,7 @@ def run_random(args: argparse.Namespace) -> dict:
     draft_model, target_model = random_model(draft_name, args.device, dtype), random_model(target_name, args.device, dtype)
     prompt = torch.randint(0, 151936, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     costs, projected, loop = {}, {}, {}
+    args.gammas = [g for g in args.gammas if g != "auto"]  # auto on random weights: bench/local_auto.py
     for engine in args.engines:
         target, draft = language_model(target_model, **ENGINES[engine])[0], language_model(draft_model, **ENGINES[engine])[0]
         costs[engine] = measure_costs(target, draft, prompt, args.gammas, args.cost_repeats)
@@ -307,7 +337,9 @@ def main() -> int:
     parser.add_argument("--engines", nargs="+", choices=list(ENGINES), default=["eager"],
                         help="how the models run, compared side by side; the first engine's plain sampling is the baseline (default: eager)")
     parser.add_argument("--warmup", action="store_true", help="one untimed generation per side before the runs (compiled engines compile then)")
-    parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--gammas", type=lambda v: v if v == "auto" else int(v), nargs="+", default=["auto", 2, 4], help="draft lengths, or auto (default: auto 2 4)")
+    parser.add_argument("--tree-modes", nargs="+", choices=["auto", "whole"], default=["auto", "whole"],
+                        help="trees cut at the depth --gamma auto chooses, and/or always whole (default: both)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--prompts", nargs="+", default=["story", "explain-tcp", "fizzbuzz"])

@@ -16,7 +16,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from ._bill import Price
 from ._budget import check_max_cost
@@ -319,7 +319,9 @@ def _add_local_arguments(parser: argparse.ArgumentParser) -> None:
     local.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weights' type (default: auto = float32 on cpu, bfloat16 on cuda)")
     local.add_argument("--heads", metavar="DIR", help="heads for --drafter medusa or eagle, trained for this target by `bspec heads train "
                                                      "--kind KIND` (refused for any other target)")
-    local.add_argument("--gamma", type=_positive_int, metavar="K", help="draft tokens per round, the paper's γ (default: 2, the best measured on CPU; wider pays where a wider target step costs about the same, as on GPUs)")
+    local.add_argument("--gamma", type=_gamma, metavar="K|auto", help="draft tokens per round, the paper's γ (default: auto: each round takes the γ, 0 = plain "
+                       "decoding, with the best expected speed from this machine's measured step costs and the acceptance seen so far; with heads, the tree's depth); "
+                       "a fixed K replays a seed anywhere, auto on the same stored costs")
     local.add_argument("--engine", choices=["auto", "static", "eager"], help="how the models run: static = a static KV cache and fixed-shape steps "
                        "(Qwen2/Llama decoders), eager = transformers' own forward and cache (any causal LM); default: auto = static where it can")
     local.add_argument("--compile", choices=["auto", "on", "off"], help="torch.compile the static engine's steps (CUDA graphs on a GPU; the first "
@@ -396,6 +398,12 @@ def _number_type(convert: Callable[[str], float], accept: Callable[[float], bool
 
 
 _positive_int = _number_type(int, lambda n: n >= 1, "a whole number >= 1")
+
+
+def _gamma(value: str) -> int | str:
+    return "auto" if value == "auto" else _number_type(int, lambda n: n >= 1, "auto or a whole number >= 1")(value)
+
+
 _non_negative_int = _number_type(int, lambda n: n >= 0, "a whole number >= 0")
 _non_negative_float = _number_type(float, lambda n: 0 <= n < float("inf"), "a finite number >= 0")
 
@@ -470,8 +478,8 @@ def _check_mode(args: argparse.Namespace) -> None:
         if args.drafter in HEAD_KINDS or args.heads is not None:
             if args.drafter not in HEAD_KINDS or args.heads is None or args.draft_model:
                 raise ConfigurationError("trained heads draft with --drafter medusa|eagle --heads DIR (and no --draft-model)")
-            if args.gamma is not None:
-                raise ConfigurationError("--gamma is the draft model's tokens per round; heads draft a tree (leave --gamma out)")
+            if args.gamma not in (None, "auto"):
+                raise ConfigurationError("--gamma K is the draft model's tokens per round; heads draft a tree, whose depth --gamma auto chooses (leave --gamma out)")
             return
         if args.drafter == "none" and args.draft_model:
             raise ConfigurationError("--drafter none samples from the target alone; leave out --draft-model")
@@ -583,8 +591,20 @@ def _run_local(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
         if not args.quiet:
             local = result.local  # type: ignore[attr-defined]
             measure = f"{local.tokens_per_target_forward:.2f} tokens per target forward" if args.heads else f"alpha {local.alpha:.2f}"
-            print(_summary(result) + f", {measure}, engine {local.engine}", file=sys.stderr)
+            print(_summary(result) + f", {measure}, engine {local.engine}" + _auto_summary(local), file=sys.stderr)
     return 0
+
+
+def _auto_summary(local: Any) -> str:
+    """What --gamma auto chose and why, for the summary line."""
+    auto = local.auto
+    if not auto.get("gamma_rounds") and not auto.get("depth_rounds"):
+        return ""
+    kind, chosen = ("depth", auto["depth_rounds"]) if "depth_rounds" in auto else ("gamma", auto["gamma_rounds"])
+    rounds = ", ".join(f"{k} x{n}" for k, n in chosen.items())
+    why = f"alpha ~{auto['alpha_estimate']:.2f}, " if "alpha_estimate" in auto else ""
+    return (f"; {kind} auto: {rounds} rounds ({why}c {auto['c']:.2f}, v {auto['v']:.2f}: expected {auto['expected_speedup']:.2f}x plain; "
+            f"costs {auto['costs']})")
 
 
 def _client(args: argparse.Namespace) -> SpecClient:

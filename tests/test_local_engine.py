@@ -216,10 +216,14 @@ def test_cli_local_json_seeded_and_greedy_equals_plain(model_folders, tmp_path, 
     code, out, err = _cli(capsys, *common, *draft, "--temperature", "0.8", "--top-p", "0.9", "--seed", "5")
     assert code == 0, err
     first = json.loads(out)
-    assert first["stats"]["local"]["gamma"] == 2 and first["stats"]["target_calls"] == first["stats"]["local"]["target_forwards"]
+    # --gamma auto by default: the first run measures the costs, the next one
+    # reads them from the profiles folder and, seeded alike, writes the same text.
+    auto = first["stats"]["local"]["auto"]
+    assert auto["costs"].startswith("measured in ") and sum(auto["gamma_rounds"].values()) == first["stats"]["local"]["target_forwards"]
+    assert first["stats"]["target_calls"] == first["stats"]["local"]["target_forwards"]
     assert first["stats"]["output_tokens"] > 0 and first["finish_reason"] in ("stop", "length")
     code, out, _ = _cli(capsys, *common, *draft, "--temperature", "0.8", "--top-p", "0.9", "--seed", "5")
-    assert json.loads(out)["text"] == first["text"]
+    assert json.loads(out)["text"] == first["text"] and json.loads(out)["stats"]["local"]["auto"]["costs"] == "stored"
     code, out, _ = _cli(capsys, *common, *draft, "--temperature", "0", "--gamma", "3")
     greedy = json.loads(out)
     code, out, _ = _cli(capsys, *common, "--drafter", "none", "--temperature", "0")

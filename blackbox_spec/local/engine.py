@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass, field
+from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from .._exceptions import ConfigurationError
 from .._stats import GenerationResult, GenerationStats
 from ..drafters.hf import _import_hf, cache_argument, end_tokens, load_folder
+from ..profile import profiles_dir
+from .costs import MAX_GAMMA, Costs, DepthChooser, GammaChooser
 from .sampling import NO_TOKEN, SamplingParams, as_generator, expected_acceptance, rejection_sample, sample, sampling_probs
 from .tree import DraftTree, ancestor_mask, tree_positions
 from .static import StaticLM, static_unsupported
@@ -30,12 +33,11 @@ from .tree_engine import speculate_tree
 
 torch, _ = _import_hf("local target mode (--local)")
 
-# Measured on 2 CPU cores (Qwen2.5-Coder 0.5B drafting for 1.5B): a target
-# forward of 3 tokens costs ~1.1-1.6x one of 1 token, of 5 tokens ~2-2.7x, so
-# gamma 2 won and 4 ran at half the plain speed.  Where a wider forward costs
-# about the same as a narrow one (a GPU), a larger gamma pays: measure c and
-# v with bench/local_target.py and pass --gamma.
-DEFAULT_GAMMA = 2
+# γ is chosen each round from this machine's measured costs and the
+# acceptance seen so far (.costs): on 2 CPU cores a target forward of 5
+# tokens cost 2-2.7x one of 1 token and a fixed γ = 4 ran at half the plain
+# speed; on a GPU wider steps cost about the same and a larger γ pays.
+DEFAULT_GAMMA = "auto"
 
 
 class CachedLM:
@@ -70,6 +72,16 @@ class CachedLM:
         self.mask, self.lengths = mask, self.lengths + valid.sum(1)
         self.forwards += 1
         return out.logits[:, -last:]
+
+    def scratch_forward(self, width: int) -> torch.Tensor:
+        """Logits [rows, width, V] of ``width`` scratch tokens after each
+        row's tokens, the cache left as it was (for timing steps)."""
+        rows = self.mask.shape[0]
+        ids = torch.zeros((rows, width), dtype=torch.int64, device=self.device)
+        logits = self.forward(ids, torch.ones_like(ids, dtype=torch.bool), last=width)
+        self.forget_last(torch.full((rows,), width, dtype=torch.int64, device=self.device))
+        self.forwards -= 1
+        return logits
 
     def read_prompt(self, prompt_ids: Sequence[int]) -> torch.Tensor:
         """Start one row from ``prompt_ids``: their last hidden states [L, H]
@@ -118,13 +130,21 @@ class CachedLM:
     def keep_path(self, nodes: list[int]) -> None:
         """After :meth:`forward_tree`: keep the root and ``nodes`` (an
         accepted path, root's child first) in the cache, drop the other
-        branches."""
-        past = self._tree_at
-        keep = torch.tensor(list(range(past + 1)) + [past + 1 + i for i in nodes], device=self.device)
-        for keys, values, put in _cache_tensors(self._cache):
-            put(keys.index_select(-2, keep), values.index_select(-2, keep))
-        self.mask = torch.ones((1, len(keep)), dtype=torch.int64, device=self.device)
-        self.lengths = torch.full((1,), len(keep), dtype=torch.int64, device=self.device)
+        branches.  Only the accepted entries move (O(accepted), not
+        O(context)); the rest is cropped off the end."""
+        past, width = self._tree_at, self.mask.shape[1]
+        keep = past + 1 + len(nodes)
+        if nodes and nodes != list(range(len(nodes))):
+            source = torch.tensor([past + 1 + i for i in nodes], device=self.device)
+            target = torch.arange(past + 1, keep, device=self.device)
+            with torch.inference_mode():
+                for keys, values, _ in _cache_tensors(self._cache):
+                    keys.index_copy_(-2, target, keys.index_select(-2, source))
+                    values.index_copy_(-2, target, values.index_select(-2, source))
+        if keep < width:
+            self._cache.crop(keep - width)  # negative: drop that many (see forget_last)
+        self.mask = torch.ones((1, keep), dtype=torch.int64, device=self.device)
+        self.lengths = torch.full((1,), keep, dtype=torch.int64, device=self.device)
 
     def forget_last(self, counts: torch.Tensor) -> None:
         """Turn the newest ``counts[b]`` tokens of row b into holes (they were
@@ -148,7 +168,7 @@ class LocalStats:
     """What the local rounds did, beyond :class:`GenerationStats`: enough
     for the paper's α (mean β over examined positions) and c."""
 
-    gamma: int = 0
+    gamma: int = 0  # with --gamma auto: the γ most rounds used (auto says more)
     engine: str = ""  # "static", "static+compiled" or "eager (why)": see language_model()
     draft_forwards: int = 0
     target_forwards: int = 0
@@ -157,6 +177,7 @@ class LocalStats:
     beta_sum: float = 0.0  # Σ β = Σ_x min(p, q) over examined positions
     round_tokens: list[int] = field(default_factory=list)
     accepted_per_depth: list[int] = field(default_factory=list)  # tree rounds: how often depth d's node was accepted
+    auto: dict[str, Any] = field(default_factory=dict)  # --gamma auto: what was chosen, from which costs, and why
 
     @property
     def alpha(self) -> float:
@@ -172,7 +193,7 @@ class LocalStats:
             "gamma": self.gamma, "engine": self.engine, "alpha": round(self.alpha, 4), "draft_forwards": self.draft_forwards,
             "target_forwards": self.target_forwards, "tokens_per_target_forward": round(self.tokens_per_target_forward, 3),
             "examined_positions": self.examined_positions, "rejections": self.rejections,
-        } | ({"accepted_per_depth": self.accepted_per_depth} if self.accepted_per_depth else {})
+        } | ({"accepted_per_depth": self.accepted_per_depth} if self.accepted_per_depth else {}) | ({"auto": self.auto} if self.auto else {})
 
 
 class LocalSpeculator:
@@ -188,10 +209,14 @@ class LocalSpeculator:
     >>> # speculator.generate("def fib(n):", max_tokens=64, sampling=SamplingParams(0.7), seed=1).text
     """
 
-    def __init__(self, target: Any, draft: Any | None, tokenizer: Any, *, gamma: int = DEFAULT_GAMMA, proposer: Any | None = None,
-                 engine: str = "auto", compile: bool | None = None) -> None:
-        if gamma < 1:
-            raise ConfigurationError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
+    def __init__(self, target: Any, draft: Any | None, tokenizer: Any, *, gamma: int | str = DEFAULT_GAMMA, proposer: Any | None = None,
+                 engine: str = "auto", compile: bool | None = None, costs: Costs | None = None, costs_root: Path | None = None) -> None:
+        """``gamma``: draft tokens per round, or "auto": chosen each round
+        from ``costs`` (default: measured once on this machine and kept
+        under ``costs_root``, default the profiles folder) and the
+        acceptance seen so far; see :mod:`.costs`."""
+        if gamma != "auto" and (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1):
+            raise ConfigurationError(f"gamma (draft tokens per round) must be auto or a whole number >= 1, got {gamma!r}")
         if proposer is not None and draft is not None:
             raise ConfigurationError("draft with a draft model or with trained heads, not both")
         self.proposer = proposer
@@ -204,7 +229,10 @@ class LocalSpeculator:
         if self.draft is not None and self.draft.device != self.target.device:
             raise ConfigurationError(f"the target is on {self.target.device} and the draft on {self.draft.device}; local mode runs both on one device")
         self.tokenizer = tokenizer
-        self.gamma = gamma
+        self.gamma, self.auto = gamma, gamma == "auto"
+        self.max_gamma = MAX_GAMMA if self.auto else int(gamma)
+        self.costs, self.costs_root = costs, costs_root if costs_root is not None else profiles_dir()
+        self._costs_by_kind: dict[tuple[str, int], Costs] = {}
         # Timing draft and verify apart costs a host sync mid-round on a GPU;
         # the fast path only times whole rounds there.
         self._timed_phases = self.target.device.type != "cuda" or isinstance(self.target, CachedLM)
@@ -213,7 +241,7 @@ class LocalSpeculator:
         self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
 
     @classmethod
-    def from_pretrained(cls, target_path: str, draft_path: str | None = None, *, device: str = "cpu", dtype: str = "auto", gamma: int = DEFAULT_GAMMA,
+    def from_pretrained(cls, target_path: str, draft_path: str | None = None, *, device: str = "cpu", dtype: str = "auto", gamma: int | str = DEFAULT_GAMMA,
                         heads_path: str | None = None, heads_kind: str = "medusa", engine: str = "auto", compile: bool | None = None) -> "LocalSpeculator":
         """Load both models from transformers folders (no downloads) and check
         that they share a tokenizer; or the target and heads trained for it
@@ -251,7 +279,7 @@ class LocalSpeculator:
         """Sample one continuation of ``prompt``; ``on_text`` gets each new
         piece of text as rounds end (whole characters only)."""
         prompt_ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        stats, local = GenerationStats(), LocalStats(gamma=self.gamma if self.draft is not None else 0, engine=self.engine)
+        stats, local = GenerationStats(), LocalStats(gamma=self.max_gamma if self.draft is not None and not self.auto else 0, engine=self.engine)
         tokens: list[int] = []
         shown, ends = [""], set(self.ends.tolist())
 
@@ -269,8 +297,9 @@ class LocalSpeculator:
         generator = as_generator(seed, self.target.device)
         if self.proposer is not None:
             self._check_request(prompt_ids, max_tokens, 1, generator)
+            chooser = (lambda nodes: self._depth_chooser(nodes, sampling, local)) if self.auto else None
             row = speculate_tree(self.target, self.proposer, prompt_ids, max_tokens=max_tokens, sampling=sampling, generator=generator,
-                                 ends=set(self.ends.tolist()), stats=stats, local=local, on_tokens=show)
+                                 ends=set(self.ends.tolist()), stats=stats, local=local, on_tokens=show, depth_chooser=chooser)
         else:
             out = self.sample_tokens(prompt_ids, max_tokens=max_tokens, sampling=sampling, generator=generator, stats=stats, local=local, on_tokens=show)
             row = out[0].tolist()
@@ -292,7 +321,8 @@ class LocalSpeculator:
             raise ConfigurationError(f"max_tokens must be a positive integer, not {max_tokens!r}")
         if rows < 1:
             raise ConfigurationError(f"rows must be at least 1, not {rows!r}")
-        if len(prompt_ids) + max_tokens + self.gamma + 1 > self.max_positions:
+        reach = getattr(self.proposer, "depth", 0) if self.proposer is not None else self.max_gamma
+        if len(prompt_ids) + max_tokens + reach + 1 > self.max_positions:
             raise ConfigurationError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the target's {self.max_positions} positions")
         if not _same_device(generator.device, self.target.device):
             raise ConfigurationError(
@@ -320,7 +350,8 @@ class LocalSpeculator:
         stats = stats if stats is not None else GenerationStats()
         local = local if local is not None else LocalStats()
         target, draft, device = self.target, self.draft, self.target.device
-        gamma = self.gamma if draft is not None else 0
+        gamma = self.max_gamma if draft is not None else 0
+        chooser: GammaChooser | None = None
         out = torch.full((rows, max_tokens + gamma + 1), NO_TOKEN, dtype=torch.int64, device=device)
         count = torch.zeros(rows, dtype=torch.int64, device=device)
         done = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -336,10 +367,16 @@ class LocalSpeculator:
             draft_pending, draft_valid = prompt, torch.ones_like(prompt, dtype=torch.bool)
 
         while not bool(done.all()):
-            # Never draft past max_tokens (the last token needs no draft),
-            # except where steps are compiled: there one verify width is one
-            # graph, and the tokens past max_tokens are dropped in step 5.
-            k = gamma if self._fixed_shapes else min(gamma, max_tokens - 1 - int(count[~done].min()))
+            # 0. γ: fixed, or (auto) chosen from the measured costs once the
+            #    first round, plain, has read the prompt.  Never draft past
+            #    max_tokens (the last token needs no draft), except where
+            #    steps are compiled: there one verify width is one graph, and
+            #    the tokens past max_tokens are dropped in step 5.
+            if self.auto and draft is not None and local.target_forwards > 0:
+                chooser = chooser or self._gamma_chooser(rows, sampling, local)
+            most = None if self._fixed_shapes else max_tokens - 1 - int(count[~done].min())
+            wanted = chooser.next_gamma(most) if chooser is not None else 0 if self.auto else gamma
+            k = wanted if most is None else min(wanted, most)
             # Rows that have ended still go through the batch (their draws keep
             # a seed's stream), but as holes: their positions stop growing.
             running = (~done).unsqueeze(1)
@@ -406,7 +443,10 @@ class LocalSpeculator:
             local.target_forwards += 1
             local.examined_positions += int(examined.sum())
             local.rejections += int(((n_accepted < k) & live).sum())
-            local.beta_sum += float((expected_acceptance(p[:, :k], q) * examined).sum())
+            beta = float((expected_acceptance(p[:, :k], q) * examined).sum())
+            local.beta_sum += beta
+            if chooser is not None:
+                chooser.observe(beta, int(examined.sum()))
             local.round_tokens.append(int(torch.where(live, n, 0).sum()))
             stats.observe_round("local", calls=1, cancelled=0, seconds=verified_at - drafted_at)
             stats.draft_s += drafted_at - clock
@@ -419,7 +459,44 @@ class LocalSpeculator:
             if on_tokens is not None and rows == 1:
                 on_tokens(tokens[0, : int(n[0])].tolist())
 
+        if chooser is not None:
+            local.auto.update(chooser.summary())
+            local.gamma = max(chooser.chosen, key=chooser.chosen.count)
         return _cut_after_end(out[:, :max_tokens], self.ends)
+
+    def _gamma_chooser(self, rows: int, sampling: SamplingParams, local: LocalStats) -> GammaChooser:
+        """A chooser over this speculator's costs for ``rows``: given,
+        measured earlier (this process or the disk), or measured now, after
+        the prompt is in the target's cache."""
+        from .calibrate import chain_widths
+
+        costs = self._costs(("chain", rows), chain_widths(self.max_gamma), sampling, local)
+        return GammaChooser(costs, self.max_gamma, chosen=[0])  # the first round, plain, read the prompt
+
+    def _depth_chooser(self, nodes: int, sampling: SamplingParams, local: LocalStats) -> DepthChooser:
+        """A chooser of tree depths, its costs timed up to ``nodes`` + 1
+        tokens (the first tree's size); the proposal's time is learned as
+        rounds go."""
+        from .calibrate import tree_widths
+
+        costs = self._costs(("tree", nodes), tree_widths(nodes), sampling, local)
+        return DepthChooser(replace(costs, verify_s=dict(costs.verify_s), draft_s=0.0))
+
+    def _costs(self, kind: tuple[str, int], widths: list[int], sampling: SamplingParams, local: LocalStats) -> Costs:
+        """Given, measured earlier (in this process or kept on disk), or
+        measured now, once the prompt is in the caches."""
+        if self.costs is not None:
+            costs, source = self.costs, "given"
+        elif kind in self._costs_by_kind:
+            costs, source = self._costs_by_kind[kind], "measured earlier in this process"
+        else:
+            from .calibrate import stored_or_measured
+
+            key = (_name(self.target), _name(self.draft), self.engine, self.target.device, torch.get_num_threads(), *kind)
+            costs, source = stored_or_measured(key, self.costs_root, self.target, self.draft, widths, sampling)
+            self._costs_by_kind[kind] = costs
+        local.auto["costs"] = source
+        return costs
 
 
 ENGINES = ("auto", "static", "eager")
@@ -488,6 +565,15 @@ def _cut_after_end(tokens: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     is_end = torch.isin(tokens, ends).to(torch.int64)
     after_end = (torch.cumsum(is_end, 1) - is_end) > 0
     return tokens.masked_fill(after_end, NO_TOKEN)
+
+
+def _name(lm: Any) -> str:
+    """What identifies a wrapped model for stored costs: its folder (or
+    config) and dtype."""
+    if lm is None:
+        return "none"
+    model = lm.model
+    return f"{getattr(model.config, '_name_or_path', '') or model.config.to_json_string()}:{next(model.parameters()).dtype}"
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -193,6 +193,7 @@ class MedusaProposer:
         rank_accuracy = getattr(heads, "rank_accuracy", None)
         self.paths = sparse_tree(rank_accuracy[: len(heads.blocks)], nodes) if shape is None and rank_accuracy else None
         self.shape = tuple((shape or DEFAULT_TREE)[: len(heads.blocks)])
+        self.depth = max(len(path) for path in self.paths) if self.paths else len(self.shape)  # positions a tree reaches past the root
 
     def reset(self) -> None:
         pass  # heads read only the newest feature

@@ -193,6 +193,18 @@ class StaticLM:
         self.forwards += 1
         return logits
 
+    def scratch_forward(self, width: int) -> torch.Tensor:
+        """Logits [rows, width, V] of ``width`` scratch tokens after each
+        row's tokens, the cache left as it was (for timing steps)."""
+        rows, longest = self.lengths.shape[0], int(self.lengths.max())
+        if longest + width > self.capacity:
+            self._allocate(rows, self._slots(longest + width), keep=longest)
+        ids = torch.zeros((rows, width), dtype=torch.int64, device=self.device)
+        lengths = self.lengths
+        logits = self.forward(ids, torch.ones_like(ids, dtype=torch.bool), last=width)
+        self.lengths, self.forwards = lengths, self.forwards - 1
+        return logits
+
     def forget_last(self, counts: torch.Tensor) -> None:
         """Row b drops its newest ``counts[b]`` tokens: a length, not a copy
         (the caller passes 0 for rows that fed holes)."""

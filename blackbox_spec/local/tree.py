@@ -108,3 +108,31 @@ def greedy_walk(tree: DraftTree, target_next: torch.Tensor) -> tuple[list[int], 
             return accepted, wanted
         node = following[0]
         accepted.append(node)
+
+
+def cut_tree(tree: DraftTree, depth: int) -> tuple[DraftTree, torch.Tensor]:
+    """The tree without its nodes deeper than ``depth``, and the kept nodes'
+    indices in the old tree (to cut q alike); parents still come first.
+
+    >>> tree = DraftTree(torch.tensor([5, 7, 8, 9, 4]), torch.tensor([-1, -1, 1, 1, 2]))
+    >>> cut, kept = cut_tree(tree, 2)
+    >>> cut.tokens.tolist(), cut.parents.tolist(), kept.tolist()
+    ([5, 7, 8, 9], [-1, -1, 1, 1], [0, 1, 2, 3])
+    >>> cut_tree(tree, 0)[0].tokens.tolist()
+    []
+    """
+    kept = (depths(tree.parents) <= depth).nonzero().flatten()
+    renumbered = torch.full((len(tree) + 1,), ROOT, dtype=torch.int64)
+    renumbered[kept] = torch.arange(len(kept))
+    parents = tree.parents[kept]
+    return DraftTree(tree.tokens[kept], torch.where(parents == ROOT, ROOT, renumbered[parents])), kept
+
+
+def nodes_by_depth(tree: DraftTree) -> list[int]:
+    """How many nodes lie at depth <= d, for d = 1 .. the tree's depth.
+
+    >>> nodes_by_depth(DraftTree(torch.tensor([5, 7, 8, 9, 4]), torch.tensor([-1, -1, 1, 1, 2])))
+    [2, 4, 5]
+    """
+    d = depths(tree.parents)
+    return [int((d <= level).sum()) for level in range(1, int(d.max()) + 1)] if len(tree) else []

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 import torch
 
 from .._stats import GenerationStats
+from .costs import DepthChooser
 from .sampling import NO_TOKEN, SamplingParams, multi_draft_rejection, sample, sampling_probs
-from .tree import ROOT, DraftTree
+from .tree import ROOT, DraftTree, cut_tree, nodes_by_depth
 
 if TYPE_CHECKING:
     from .engine import CachedLM, LocalStats
@@ -39,6 +40,32 @@ class TreeProposer(Protocol):
         ...
 
 
+def walk_tree(tree: DraftTree, q: torch.Tensor, p_after: Callable[[int], torch.Tensor],
+              generator: torch.Generator) -> tuple[list[int], int]:
+    """The accepted nodes (root's child first) and the token after them.
+
+    At each node, multi-draft rejection over its children, against
+    ``p_after(node)`` (the target's [1, V] distribution after ``node``;
+    ``ROOT`` for the pending token); a rejection ends the walk with a
+    residual token, a leaf with a bonus token from p.  p is asked for only
+    where the walk goes: on a CPU the LM head over all N+1 rows costs ~3x
+    one row's (0.5B: ~100 ms against 33 ms).
+    """
+    accepted: list[int] = []
+    node = ROOT
+    while True:
+        kids = tree.children(node)
+        row = p_after(node)
+        if not kids:
+            return accepted, int(sample(row, generator))
+        index = torch.tensor(kids, device=row.device)
+        chosen, token = multi_draft_rejection(row, tree.tokens[index].unsqueeze(0).to(row.device), q[index].unsqueeze(0).to(row.device), generator)
+        if int(chosen) < 0:
+            return accepted, int(token)
+        node = kids[int(chosen)]
+        accepted.append(node)
+
+
 def speculate_tree(
     target: "CachedLM",
     proposer: TreeProposer,
@@ -51,80 +78,100 @@ def speculate_tree(
     stats: GenerationStats,
     local: "LocalStats",
     on_tokens: Callable[[list[int]], None] | None = None,
+    depth_chooser: Callable[[int], DepthChooser] | None = None,
 ) -> list[int]:
     """Up to ``max_tokens`` tokens after ``prompt_ids``, ending after the
-    first of ``ends``; one target forward per round."""
-    device = target.device
+    first of ``ends``; one target forward per round.  ``depth_chooser``
+    (``--gamma auto``), given the first tree's size, makes the
+    :class:`~.costs.DepthChooser` that cuts each later tree (0: a plain step)."""
+    clock = time.perf_counter()
     features = target.read_prompt(prompt_ids)
     root = int(sample(sampling_probs(target.logits(features[-1:]), sampling), generator))
     following = list(prompt_ids[1:]) + [root]
     proposer.reset()
     tokens = [root]
+    chooser: DepthChooser | None = None
+    empty = DraftTree(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+    prefill_s = time.perf_counter() - clock
+    _account(stats, local, empty, [], tokens, rejected=False, plain=True, seconds=(0.0, prefill_s, prefill_s))  # the prompt's round
     if on_tokens is not None:
         on_tokens([root])
 
     while tokens[-1] not in ends and len(tokens) < max_tokens:
         clock = time.perf_counter()
-        # 1. Draft: a tree of candidates below the pending token.
-        tree, q = proposer.propose(features, torch.tensor(following), sampling, generator)
+        # 1. Draft: a tree of candidates below the pending token, cut where
+        #    the chooser says (at depth 0 no proposal: a plain step, and the
+        #    proposer reads the features it missed next time).
+        depth = chooser.next_depth(getattr(proposer, "depth", 1 << 30)) if chooser is not None else None
+        if depth == 0:
+            tree, q, whole = empty, None, None
+        else:
+            tree, q = proposer.propose(features, torch.tensor(following), sampling, generator)
+            whole = tree
+            if depth is not None:
+                tree, kept = cut_tree(tree, depth)
+                q = q[kept.to(q.device)]
         drafted_at = time.perf_counter()
 
         # 2. One target forward over the root and every node (row 0 of
         #    hidden: after the root; row i + 1: after node i).
         hidden = target.forward_tree(root, tree)
 
-        # 3. Walk from the root: at each node, multi-draft rejection over its
-        #    children; a rejection ends the round with a residual token, a
-        #    leaf with a bonus token from p.
-        accepted: list[int] = []
-        node = ROOT
-        while True:
-            kids = tree.children(node)
-            # p only where the walk goes: on a CPU the LM head over all N+1
-            # rows costs ~3x one row's (0.5B: ~100 ms against 33 ms).
-            row = sampling_probs(target.logits(hidden[node + 1 : node + 2]), sampling)
-            if not kids:
-                next_token = int(sample(row, generator))
-                break
-            index = torch.tensor(kids, device=device)
-            chosen, token = multi_draft_rejection(row, tree.tokens[index].unsqueeze(0).to(device), q[index].unsqueeze(0).to(device), generator)
-            if int(chosen) < 0:
-                next_token = int(token)
-                break
-            node = kids[int(chosen)]
-            accepted.append(node)
+        # 3. Walk from the root (see walk_tree).
+        accepted, next_token = walk_tree(tree, q, lambda node: sampling_probs(target.logits(hidden[node + 1 : node + 2]), sampling), generator)
+        node = accepted[-1] if accepted else ROOT
 
         # 4. Keep the accepted path in the cache; the new token is the next root.
         target.keep_path(accepted)
-        features = hidden[[0] + [n + 1 for n in accepted]]
+        kept_features = hidden[[0] + [n + 1 for n in accepted]]
         new = [int(tree.tokens[n]) for n in accepted] + [next_token]
-        following = new
-        room = max_tokens - len(tokens)
-        for i, t in enumerate(new[:room]):
-            if t in ends:
-                new = new[: i + 1]
-                break
-        new = new[:room]
-        tokens.extend(new)
+        features, following = (torch.cat([features, kept_features]), following + new) if depth == 0 else (kept_features, new)
+        emitted = _until_end(new, ends, max_tokens - len(tokens))
+        tokens.extend(emitted)
         root = next_token
 
-        # 5. Account: tokens per target forward, acceptance per depth.
+        # 5. Account: tokens per target forward, acceptance per depth; the
+        #    first tree (whole) sizes the costs the chooser measures.
         verified_at = time.perf_counter()
-        local.draft_forwards += 1
-        local.target_forwards += 1
-        local.round_tokens.append(len(new))
-        local.examined_positions += len(accepted) + 1
-        local.rejections += int(bool(tree.children(node)))
-        for depth in range(len(accepted)):
-            if depth >= len(local.accepted_per_depth):
-                local.accepted_per_depth.append(0)
-            local.accepted_per_depth[depth] += 1
-        stats.observe_round("local", calls=1, cancelled=0, seconds=verified_at - drafted_at)
-        stats.draft_s += drafted_at - clock
-        stats.drafted_tokens += len(tree)
-        stats.accepted_tokens += len(accepted)
-        stats.output_tokens += len(new)
-        stats.trace.append(["tree", len(tree), len(accepted), len(new), round(verified_at - clock, 5)])
+        if chooser is None and depth_chooser is not None:
+            chooser = depth_chooser(len(tree))
+        if chooser is not None:
+            uncut = whole is not None and len(whole) == len(tree)
+            chooser.observe(len(nodes_by_depth(tree)), len(accepted), nodes_by_depth(tree) if uncut else None,
+                            draft_s=drafted_at - clock if whole is not None else None)
+        _account(stats, local, tree, accepted, emitted, rejected=bool(tree.children(node)), plain=whole is None,
+                 seconds=(drafted_at - clock, verified_at - drafted_at, verified_at - clock))
         if on_tokens is not None:
-            on_tokens(new)
+            on_tokens(emitted)
+    if chooser is not None:
+        local.auto.update(chooser.summary())
     return tokens if tokens else [NO_TOKEN]
+
+
+def _until_end(new: list[int], ends: set[int], room: int) -> list[int]:
+    """``new`` cut after its first end token and to ``room`` tokens."""
+    for i, token in enumerate(new[:room]):
+        if token in ends:
+            return new[: i + 1]
+    return new[:room]
+
+
+def _account(stats: GenerationStats, local: "LocalStats", tree: DraftTree, accepted: list[int], emitted: list[int], *,
+             rejected: bool, plain: bool, seconds: tuple[float, float, float]) -> None:
+    """Tokens per target forward, acceptance per depth, and the round's trace."""
+    draft_s, verify_s, round_s = seconds
+    local.draft_forwards += 0 if plain else 1
+    local.target_forwards += 1
+    local.round_tokens.append(len(emitted))
+    local.examined_positions += 0 if plain else len(accepted) + 1
+    local.rejections += int(rejected)
+    for depth in range(len(accepted)):
+        if depth >= len(local.accepted_per_depth):
+            local.accepted_per_depth.append(0)
+        local.accepted_per_depth[depth] += 1
+    stats.observe_round("local", calls=1, cancelled=0, seconds=verify_s)
+    stats.draft_s += draft_s
+    stats.drafted_tokens += len(tree)
+    stats.accepted_tokens += min(len(accepted), len(emitted))  # a round cut by max_tokens or an end emits fewer
+    stats.output_tokens += len(emitted)
+    stats.trace.append(["tree", len(tree), len(accepted), len(emitted), round(round_s, 5)])

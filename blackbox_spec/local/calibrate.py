@@ -1,0 +1,92 @@
+"""Measuring what a round costs on this machine (for :mod:`.costs`).
+
+After the prompt is in the caches, the target runs scratch steps of 1..w
+tokens (forward, then the sampling rule over their rows) and the draft one
+step of one token; the caches are left as they were (``scratch_forward``).
+Random numbers come from a throwaway generator, so measuring never moves a
+seeded run's stream.  Results are kept on disk per (models, engine, device,
+dtype, threads, rows), so a process measures once a day, not once a call.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .costs import Costs, costs_key, load_costs, save_costs
+from .sampling import SamplingParams, rejection_sample, sample, sampling_probs
+
+REPEATS = 2  # each width timed twice, the faster kept (the first may pay for allocation)
+
+
+def chain_widths(max_gamma: int) -> list[int]:
+    """Target widths to time for γ in 0..max_gamma: every one (a chain's
+    verify widths are few, and compiled engines run one graph per width)."""
+    return list(range(1, max_gamma + 2))
+
+
+def tree_widths(max_nodes: int) -> list[int]:
+    """Widths to time for trees of up to ``max_nodes`` nodes: 1, 2, 3, then
+    roughly doubling, ending at ``max_nodes + 1`` (linear in between).
+
+    >>> tree_widths(16)
+    [1, 2, 3, 5, 9, 17]
+    """
+    widths = [1, 2, 3]
+    while widths[-1] < max_nodes + 1:
+        widths.append(min(2 * widths[-1] - 1, max_nodes + 1))
+    return widths
+
+
+def measure(target: Any, draft: Any | None, widths: Sequence[int], sampling: SamplingParams) -> Costs:
+    """Seconds per target step at each width and per draft step, from the
+    models' current state (the prompt read), which is left unchanged."""
+    generator = torch.Generator(device=target.device)
+    generator.manual_seed(0)
+    _timed(lambda: target.scratch_forward(1), target.device)  # warm-up: first use of the scratch slots
+    verify_s = {w: _best_of(lambda w=w: _verify_step(target, w, sampling, generator), target.device) for w in widths}
+    draft_s = 0.0
+    if draft is not None:
+        draft_s = _best_of(lambda: sample(sampling_probs(draft.scratch_forward(1)[:, -1], sampling), generator), draft.device)
+    return Costs(verify_s, draft_s, measured_at=time.time())
+
+
+def stored_or_measured(key_parts: Sequence[object], root: Path | None, target: Any, draft: Any | None,
+                       widths: Sequence[int], sampling: SamplingParams) -> tuple[Costs, str]:
+    """Costs kept under ``root`` for these parts if every width is there, else
+    measured now (and kept); with how they were had, for the summary."""
+    key = costs_key(*key_parts)
+    stored = load_costs(key, root) if root is not None else None
+    if stored is not None and set(widths) <= set(stored.verify_s) and (draft is None or stored.draft_s > 0):
+        return stored, "stored"
+    clock = time.perf_counter()
+    costs = measure(target, draft, widths, sampling)
+    if root is not None:
+        save_costs(key, costs, root)
+    return costs, f"measured in {time.perf_counter() - clock:.1f}s"
+
+
+def _verify_step(target: Any, width: int, sampling: SamplingParams, generator: torch.Generator) -> None:
+    """What a round's target side does at ``width``: the forward, p over
+    its rows, and the rule against drafts (here the scratch tokens, with p
+    standing in for q)."""
+    p = sampling_probs(target.scratch_forward(width), sampling)
+    drafts = torch.zeros((p.shape[0], width - 1), dtype=torch.int64, device=p.device)
+    rejection_sample(drafts, p[:, : width - 1], p, generator)
+
+
+def _best_of(step: Any, device: torch.device) -> float:
+    return min(_timed(step, device) for _ in range(REPEATS))
+
+
+def _timed(step: Any, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    clock = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - clock
