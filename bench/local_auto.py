@@ -69,14 +69,13 @@ def seconds_per_token(speculator: LocalSpeculator, prompt: list[int], max_tokens
 def tree_loop(target_model, proposer, prompt_text_ids: list[int], max_tokens: int, device: str, engine: dict) -> dict:
     """Seconds per token of generate() with a tree proposer under --gamma auto."""
     speculator = LocalSpeculator(target_model, None, None, proposer=proposer, **engine)
-    speculator.ends = torch.tensor([-7], device=speculator.target.device)  # random weights: never end early
     from blackbox_spec.local.engine import LocalStats
     from blackbox_spec.local.tree_engine import speculate_tree
     from blackbox_spec._stats import GenerationStats
 
     def run() -> tuple[float, LocalStats]:
         local = LocalStats()
-        chooser = lambda nodes: speculator._depth_chooser(nodes, SamplingParams(1.0), local)  # noqa: E731
+        chooser = lambda nodes: speculator._depth_chooser(nodes, SamplingParams(1.0), local, fit_costs=True)  # noqa: E731
         _sync(device)
         clock = time.perf_counter()
         tokens = speculate_tree(speculator.target, proposer, prompt_text_ids, max_tokens=max_tokens, sampling=SamplingParams(1.0),
@@ -171,12 +170,14 @@ def main() -> int:
     report = {"pair": args.pair, "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "alpha_assumed": args.alpha}
     for engine in args.engines:
         clock = time.perf_counter()
-        try:
-            report[engine] = {"chain": chain(args, draft_model, target_model, prompt, engine)}
-            if not args.no_trees:
-                report[engine]["trees"] = trees(args, target_model, prompt, engine)
-        except Exception as exc:  # one engine failing (a compile error) must not lose the others' figures
-            report[engine] = {"error": f"{type(exc).__name__}: {exc}"}
+        # One part failing (a compile error) must not lose the others' figures.
+        report[engine] = {}
+        for part, run in (("chain", lambda: chain(args, draft_model, target_model, prompt, engine)),
+                          ("trees", lambda: None if args.no_trees else trees(args, target_model, prompt, engine))):
+            try:
+                report[engine][part] = run()
+            except Exception as exc:
+                report[engine][part] = {"error": f"{type(exc).__name__}: {exc}"}
         report[engine]["seconds"] = round(time.perf_counter() - clock, 1)
         print(json.dumps({engine: report[engine]}), flush=True)
         Path(args.out).write_text(json.dumps(report, indent=1))

@@ -568,7 +568,7 @@ def _run_local(args: argparse.Namespace, result_box: list[GenerationResult]) -> 
     speculator = LocalSpeculator.from_pretrained(
         args.target_model, args.draft_model if args.drafter not in ("none", *HEAD_KINDS) else None,
         device=args.device or "cpu", dtype=args.dtype or "auto", gamma=args.gamma or DEFAULT_GAMMA, heads_path=args.heads, heads_kind=args.drafter,
-        engine=args.engine or "auto", compile={"on": True, "off": False}.get(args.compile or "auto"),
+        engine=args.engine or "auto", compile={"on": True, "off": False}.get(args.compile or "auto"), progress=None if args.quiet else _log,
     )
     shown = GenerationResult(text="", stats=GenerationStats())
     result_box.append(shown)  # what was printed survives an interrupt

@@ -14,7 +14,7 @@ import torch  # the hf extra: the README's test command installs it
 from blackbox_spec import ConfigurationError, GenerationStats
 from blackbox_spec.local import CachedLM, LocalSpeculator, LocalStats, SamplingParams
 from blackbox_spec.local.costs import (
-    EXPLORE_GAP, MAX_EXPLORE_GAP, Acceptance, Costs, DepthChooser, GammaChooser, best_depth, best_gamma, chain_speedup,
+    EXPLORE_GAP, MAX_EXPLORE_GAP, Acceptance, Costs, DepthChooser, GammaChooser, RoundTimes, best_depth, best_gamma, chain_speedup,
     expected_tokens, load_costs, save_costs, tree_speedup,
 )
 from blackbox_spec.local.sampling import NO_TOKEN, as_generator
@@ -49,12 +49,16 @@ def test_measured_widths_interpolate_and_extrapolate_linearly():
 
 
 def test_the_chooser_follows_alpha_and_looks_again_while_plain_wins():
-    chooser = GammaChooser(DEAR)
+    """Plain wins at the prior α but would lose to drafts at an optimistic
+    one: a round with drafts now and then, further apart each time.  Where
+    even an optimistic α cannot win (DEAR), no look at all."""
+    assert set(GammaChooser(DEAR).next_gamma() for _ in range(80)) == {0}
+    chooser = GammaChooser(Costs({1: 1.0, 2: 1.5, 3: 1.8, 4: 2.1, 5: 2.4, 6: 2.7, 7: 3.0}, draft_s=0.3))
     plain_run = [chooser.next_gamma() for _ in range(80)]
     explored = [i for i, g in enumerate(plain_run) if g]
     # Every EXPLORE_GAP-th round at first, the gap doubling up to MAX_EXPLORE_GAP.
     gaps = [b - a for a, b in zip([-1] + explored, explored)]
-    assert set(plain_run) == {0, 1} and gaps == [EXPLORE_GAP, 2 * EXPLORE_GAP, 4 * EXPLORE_GAP, MAX_EXPLORE_GAP], gaps
+    assert set(plain_run) > {0} and gaps == [EXPLORE_GAP, 2 * EXPLORE_GAP, 4 * EXPLORE_GAP, MAX_EXPLORE_GAP], gaps
     cheap = GammaChooser(Costs({1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3, 5: 1.4, 6: 1.5, 7: 1.6}, draft_s=0.05))
     first = cheap.next_gamma()
     for _ in range(20):
@@ -63,6 +67,30 @@ def test_the_chooser_follows_alpha_and_looks_again_while_plain_wins():
     for _ in range(20):
         cheap.observe(0.97 * 3, 3)
     assert cheap.next_gamma() >= 5 and cheap.summary()["gamma_rounds"]["0"] == 1
+
+
+def test_costs_fitted_to_the_rounds_own_times_change_the_choice():
+    """Rounds that take longer than the scratch steps said (a draft step at
+    twice its measured time) move γ down; a catch-up (draft time 0) and
+    plain rounds' nothing-to-see leave the draft's estimate alone."""
+    measured = Costs({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 1.0, 7: 1.0}, draft_s=0.2)
+    chooser = GammaChooser(measured, times=RoundTimes())
+    chooser.alpha.observe(0.8 * 40, 40)
+    before = chooser.next_gamma()
+    for _ in range(30):
+        chooser.observe(0.8 * 3, 3, gamma=3, draft_s=3 * 0.4, verify_s=1.0)
+        chooser.observe(0.0, 0, gamma=2, draft_s=0.0, verify_s=1.0)  # a catch-up: the verify counts, the draft does not
+    fitted = chooser.current_costs
+    assert fitted.draft_s == pytest.approx(0.4, rel=0.1) and fitted.verify(4) == pytest.approx(1.0, rel=0.05)
+    assert chooser.next_gamma() < before and chooser.summary()["costs_fitted_to_rounds"]
+    assert GammaChooser(measured).current_costs is measured  # seeded runs: the measured costs as they are
+
+
+def test_costs_must_be_positive_and_cover_a_plain_step():
+    for bad in ({}, {2: 1.0}, {1: 0.0}, {1: 1.0, 3: -1.0}):
+        with pytest.raises(ValueError, match="positive seconds"):
+            Costs(bad, 0.1)
+    assert Costs({1: 1.0, 2: 0.5}).verify(9) == 0.5  # extrapolating down stops at the cheapest measured step
 
 
 def test_acceptance_starts_from_its_prior_and_older_rounds_fade():
@@ -187,8 +215,9 @@ def medusa_engine(costs: Costs):
     from blackbox_spec.local.heads import MedusaHeads, MedusaProposer
 
     target, tokenizer = tiny_model(1)
+    target = target.to(DEVICE)
     heads = MedusaHeads(target.config.hidden_size, 3, target.get_output_embeddings())
-    return LocalSpeculator(target.to(DEVICE), None, tokenizer, gamma="auto", costs=costs, proposer=MedusaProposer(heads.eval(), shape=(2, 2, 1)))
+    return LocalSpeculator(target, None, tokenizer, gamma="auto", costs=costs, proposer=MedusaProposer(heads.eval(), shape=(2, 2, 1)))
 
 
 @pytest.mark.parametrize("costs", [Costs({1: 1.0, 2: 1.0, 16: 1.0}, draft_s=0.0), DEAR], ids=["free-tree", "dear-tree"])

@@ -222,8 +222,10 @@ def test_cli_local_json_seeded_and_greedy_equals_plain(model_folders, tmp_path, 
     assert auto["costs"].startswith("measured in ") and sum(auto["gamma_rounds"].values()) == first["stats"]["local"]["target_forwards"]
     assert first["stats"]["target_calls"] == first["stats"]["local"]["target_forwards"]
     assert first["stats"]["output_tokens"] > 0 and first["finish_reason"] in ("stop", "length")
-    code, out, _ = _cli(capsys, *common, *draft, "--temperature", "0.8", "--top-p", "0.9", "--seed", "5")
+    assert "--gamma auto: timing this machine's steps of 1..7 tokens" in err  # long work is announced
+    code, out, err = _cli(capsys, *common, *draft, "--temperature", "0.8", "--top-p", "0.9", "--seed", "5")
     assert json.loads(out)["text"] == first["text"] and json.loads(out)["stats"]["local"]["auto"]["costs"] == "stored"
+    assert "timing this machine" not in err
     code, out, _ = _cli(capsys, *common, *draft, "--temperature", "0", "--gamma", "3")
     greedy = json.loads(out)
     code, out, _ = _cli(capsys, *common, "--drafter", "none", "--temperature", "0")

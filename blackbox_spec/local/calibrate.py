@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from .costs import Costs, costs_key, load_costs, save_costs
 from .sampling import SamplingParams, rejection_sample, sample, sampling_probs
 
-REPEATS = 2  # each width timed twice, the faster kept (the first may pay for allocation)
+REPEATS = 2  # passes over the widths; each width's fastest is kept
 
 
 def chain_widths(max_gamma: int) -> list[int]:
@@ -46,27 +46,52 @@ def measure(target: Any, draft: Any | None, widths: Sequence[int], sampling: Sam
     models' current state (the prompt read), which is left unchanged."""
     generator = torch.Generator(device=target.device)
     generator.manual_seed(0)
-    _timed(lambda: target.scratch_forward(1), target.device)  # warm-up: first use of the scratch slots
-    verify_s = {w: _best_of(lambda w=w: _verify_step(target, w, sampling, generator), target.device) for w in widths}
-    draft_s = 0.0
-    if draft is not None:
-        draft_s = _best_of(lambda: sample(sampling_probs(draft.scratch_forward(1)[:, -1], sampling), generator), draft.device)
-    return Costs(verify_s, draft_s, measured_at=time.time())
+    # Warm-up: the first steps pay for allocation (the first width timed read
+    # 1.5x its cost); compiled steps compile, then capture, on their first calls.
+    compiled = getattr(target, "compiled", False)
+    for w in widths if compiled else (1, max(widths)):
+        for _ in range(3 if compiled else 1):
+            _verify_step(target, w, sampling, generator)
+    if draft is not None and getattr(draft, "compiled", False):
+        for _ in range(3):
+            draft.scratch_forward(1)
+    # Passes over all widths rather than repeats of one, so that a slow
+    # moment of the machine spoils one pass's figure, not one width's.
+    times: dict[int, list[float]] = {w: [] for w in widths}
+    draft_times: list[float] = []
+    for _ in range(REPEATS):
+        for w in widths:
+            times[w].append(_timed(lambda w=w: _verify_step(target, w, sampling, generator), target.device))
+        if draft is not None:
+            draft_times.append(_timed(lambda: sample(sampling_probs(draft.scratch_forward(1)[:, -1], sampling), generator), draft.device))
+    return Costs({w: min(t) for w, t in times.items()}, min(draft_times, default=0.0), measured_at=time.time())
 
 
 def stored_or_measured(key_parts: Sequence[object], root: Path | None, target: Any, draft: Any | None,
-                       widths: Sequence[int], sampling: SamplingParams) -> tuple[Costs, str]:
+                       widths: Sequence[int], sampling: SamplingParams, progress: Callable[[str], None] | None = None) -> tuple[Costs, str]:
     """Costs kept under ``root`` for these parts if every width is there, else
-    measured now (and kept); with how they were had, for the summary."""
+    measured now (and kept, ``progress`` told first); with how they were
+    had, for the summary."""
     key = costs_key(*key_parts)
     stored = load_costs(key, root) if root is not None else None
     if stored is not None and set(widths) <= set(stored.verify_s) and (draft is None or stored.draft_s > 0):
         return stored, "stored"
+    if progress is not None:
+        progress(f"--gamma auto: timing this machine's steps of 1..{max(widths)} tokens (once a day; kept in {root})")
     clock = time.perf_counter()
     costs = measure(target, draft, widths, sampling)
     if root is not None:
         save_costs(key, costs, root)
     return costs, f"measured in {time.perf_counter() - clock:.1f}s"
+
+
+def model_name(lm: Any) -> str:
+    """What identifies a wrapped model for stored costs: its folder (or
+    config) and dtype."""
+    if lm is None:
+        return "none"
+    model = lm.model
+    return f"{getattr(model.config, '_name_or_path', '') or model.config.to_json_string()}:{next(model.parameters()).dtype}"
 
 
 def _verify_step(target: Any, width: int, sampling: SamplingParams, generator: torch.Generator) -> None:
@@ -76,10 +101,6 @@ def _verify_step(target: Any, width: int, sampling: SamplingParams, generator: t
     p = sampling_probs(target.scratch_forward(width), sampling)
     drafts = torch.zeros((p.shape[0], width - 1), dtype=torch.int64, device=p.device)
     rejection_sample(drafts, p[:, : width - 1], p, generator)
-
-
-def _best_of(step: Any, device: torch.device) -> float:
-    return min(_timed(step, device) for _ in range(REPEATS))
 
 
 def _timed(step: Any, device: torch.device) -> float:

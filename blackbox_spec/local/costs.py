@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import math
 import os
 import tempfile
 import time
@@ -57,6 +58,10 @@ class Costs:
     draft_s: float = 0.0  # one draft step (forward + sampling); trees: one proposal
     measured_at: float = 0.0
 
+    def __post_init__(self) -> None:
+        if not self.verify_s or 1 not in self.verify_s or any(not s > 0 for s in self.verify_s.values()) or not self.draft_s >= 0:
+            raise ValueError(f"costs need positive seconds for width 1 and each width given, and a draft step >= 0: {self.verify_s}, {self.draft_s}")
+
     @property
     def plain_s(self) -> float:
         return self.verify(1)
@@ -71,7 +76,7 @@ class Costs:
         i = min(max(bisect.bisect_left(widths, width), 1), len(widths) - 1)
         lo, hi = widths[i - 1], widths[i]
         slope = (self.verify_s[hi] - self.verify_s[lo]) / (hi - lo)
-        return max(self.verify_s[lo] + slope * (width - lo), 0.0)
+        return max(self.verify_s[lo] + slope * (width - lo), min(self.verify_s.values()))
 
     def ratios(self, gamma: int) -> dict[str, float]:
         """The paper's c and v for ``gamma`` (v: verify over γ + 1 tokens, per plain step)."""
@@ -159,9 +164,44 @@ class Acceptance:
     def value(self) -> float:
         return (self.total + self.prior * self.weight) / (self.count + self.weight)
 
+    @property
+    def optimistic(self) -> float:
+        """One standard error above the estimate (a Beta's, roughly)."""
+        value = self.value
+        return min(1.0, value + math.sqrt(value * (1 - value) / (self.count + self.weight)))
+
     def observe(self, total: float, count: float) -> None:
-        """Add ``count`` observations summing to ``total`` (older ones fade)."""
-        self.total, self.count = self.total * DECAY + total, self.count * DECAY + count
+        """Add ``count`` observations summing to ``total`` (older ones fade;
+        nothing observed, nothing fades)."""
+        if count > 0:
+            self.total, self.count = self.total * DECAY + total, self.count * DECAY + count
+
+
+@dataclass
+class RoundTimes:
+    """What rounds cost in the run itself, against the measured costs:
+    whole rounds carry what scratch steps do not (the draft's catch-up
+    step, the rule's bookkeeping), so an estimate fitted to them chooses
+    better.  Timings differ from run to run, so a seeded run does not use
+    them (its γ choices, and so its text, replay on the same costs)."""
+
+    draft_ratio: Acceptance = field(default_factory=lambda: Acceptance(prior=1.0, weight=1.0))  # seen / measured, per draft step
+    verify_ratio: dict[int, Acceptance] = field(default_factory=dict)  # seen / measured, by width
+
+    def observe(self, costs: Costs, gamma: int, draft_s: float, verify_s: float) -> None:
+        if gamma and draft_s > 0 and costs.draft_s > 0:  # 0: not a step's time (a catch-up)
+            self.draft_ratio.observe(draft_s / gamma / costs.draft_s, 1.0)
+        self.verify_ratio.setdefault(gamma + 1, Acceptance(prior=1.0, weight=1.0)).observe(verify_s / costs.verify(gamma + 1), 1.0)
+
+    def fitted(self, costs: Costs) -> Costs:
+        """The measured costs scaled by what rounds took: each seen width by
+        its own ratio, the others by the nearest seen width's."""
+        if not self.verify_ratio:
+            return costs
+        seen = sorted(self.verify_ratio)
+        nearest = lambda w: min(seen, key=lambda s: (abs(s - w), s))  # noqa: E731
+        widths = sorted(set(costs.verify_s) | set(seen))
+        return Costs({w: costs.verify(w) * self.verify_ratio[nearest(w)].value for w in widths}, costs.draft_s * self.draft_ratio.value, costs.measured_at)
 
 
 @dataclass
@@ -169,36 +209,55 @@ class GammaChooser:
     """γ for each chain round of one generation: the best S(γ) for the
     current α estimate (the mean of β = Σ min(p, q) over examined positions,
     the paper's estimator), with a γ = 1 round now and then while plain wins
-    so that α keeps being measured."""
+    so that α keeps being measured.  With ``times``, the costs are fitted
+    to the rounds as they go (:class:`RoundTimes`)."""
 
     costs: Costs
     max_gamma: int = MAX_GAMMA
     alpha: Acceptance = field(default_factory=Acceptance)
     chosen: list[int] = field(default_factory=list)
     expected: float = 1.0  # S of the last choice
+    times: RoundTimes | None = None
     _plain_rounds: int = 0
     _gap: int = EXPLORE_GAP
 
+    @property
+    def current_costs(self) -> Costs:
+        return self.times.fitted(self.costs) if self.times is not None else self.costs
+
     def next_gamma(self, most: int | None = None) -> int:
         """γ for the next round, at most ``most`` (the tokens still wanted)."""
-        gamma, self.expected = best_gamma(self.alpha.value, self.costs, self.max_gamma if most is None else min(most, self.max_gamma))
+        costs, most = self.current_costs, self.max_gamma if most is None else min(most, self.max_gamma)
+        gamma, self.expected = best_gamma(self.alpha.value, costs, most)
         if gamma == 0:
             self._plain_rounds += 1
-            if self._plain_rounds >= self._gap and most != 0:  # look again: α may have risen
-                gamma, self._plain_rounds, self._gap = 1, 0, min(2 * self._gap, MAX_EXPLORE_GAP)
+            if self._plain_rounds >= self._gap and most > 0:
+                # Look again (α may have risen), but only where an optimistic
+                # α would win: a look costs the draft's catch-up and a round
+                # that is likely to lose, so on a machine where only near-sure
+                # drafts could pay (float32 here: α >= 0.97) it is not taken.
+                self._plain_rounds, self._gap = 0, min(2 * self._gap, MAX_EXPLORE_GAP)
+                hopeful, speed = best_gamma(self.alpha.optimistic, costs, most)
+                gamma = hopeful if speed > 1.0 else 0
         else:
             self._plain_rounds, self._gap = 0, EXPLORE_GAP
         self.chosen.append(gamma)
         return gamma
 
-    def observe(self, beta_sum: float, positions: int) -> None:
+    def observe(self, beta_sum: float, positions: int, *, gamma: int = 0, draft_s: float = 0.0, verify_s: float = 0.0) -> None:
+        """A round's acceptance (Σ β over its examined positions) and, where
+        costs are fitted, what its draft and verify phases took."""
         self.alpha.observe(beta_sum, positions)
+        if self.times is not None and verify_s > 0:
+            self.times.observe(self.costs, gamma, draft_s, verify_s)
 
     def summary(self) -> dict:
         counts = {g: self.chosen.count(g) for g in sorted(set(self.chosen))}
         gamma = max(counts, key=counts.get) if counts else 0
+        costs = self.current_costs
         return {"gamma_rounds": {str(g): n for g, n in counts.items()}, "alpha_estimate": round(self.alpha.value, 3),
-                "expected_speedup": round(chain_speedup(self.alpha.value, gamma, self.costs), 3), **{k: round(v, 3) for k, v in self.costs.ratios(gamma).items()}}
+                "expected_speedup": round(chain_speedup(self.alpha.value, gamma, costs), 3), **{k: round(v, 3) for k, v in costs.ratios(gamma).items()},
+                **({"costs_fitted_to_rounds": True} if self.times is not None else {})}
 
 
 @dataclass
@@ -212,6 +271,7 @@ class DepthChooser:
     levels: list[Acceptance] = field(default_factory=list)
     nodes: list[int] = field(default_factory=list)  # nodes at depth <= d + 1 in the last whole tree
     chosen: list[int] = field(default_factory=list)
+    learn_draft: bool = True  # learn the proposal's time from the rounds (wall clock: not for runs that must replay)
     _since_whole: int = 0
     _gap: int = EXPLORE_GAP
 
@@ -221,7 +281,7 @@ class DepthChooser:
         if not self.nodes or self._since_whole >= self._gap:
             self._since_whole = 0
             self._gap = min(2 * self._gap, MAX_EXPLORE_GAP)
-            depth = min(full_depth, len(self.nodes)) if self.nodes else full_depth
+            depth = full_depth
         else:
             depth, _ = best_depth(self.reach()[: len(self.nodes)], self.nodes, self.costs)
             if depth == full_depth:
@@ -243,7 +303,7 @@ class DepthChooser:
         what the proposer spends, which no scratch step can time)."""
         if nodes_by_depth is not None:
             self.nodes = list(nodes_by_depth)
-        if draft_s is not None:
+        if draft_s is not None and self.learn_draft:
             self.costs.draft_s = draft_s if self.costs.draft_s <= 0 else (1 - DRAFT_WEIGHT) * self.costs.draft_s + DRAFT_WEIGHT * draft_s
         while len(self.levels) < depth_used:
             self.levels.append(Acceptance(prior=0.5))

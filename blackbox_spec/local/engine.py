@@ -25,7 +25,7 @@ from .._exceptions import ConfigurationError
 from .._stats import GenerationResult, GenerationStats
 from ..drafters.hf import _import_hf, cache_argument, end_tokens, load_folder
 from ..profile import profiles_dir
-from .costs import MAX_GAMMA, Costs, DepthChooser, GammaChooser
+from .costs import MAX_GAMMA, Costs, DepthChooser, GammaChooser, RoundTimes
 from .sampling import NO_TOKEN, SamplingParams, as_generator, expected_acceptance, rejection_sample, sample, sampling_probs
 from .tree import DraftTree, ancestor_mask, tree_positions
 from .static import StaticLM, static_unsupported
@@ -210,11 +210,13 @@ class LocalSpeculator:
     """
 
     def __init__(self, target: Any, draft: Any | None, tokenizer: Any, *, gamma: int | str = DEFAULT_GAMMA, proposer: Any | None = None,
-                 engine: str = "auto", compile: bool | None = None, costs: Costs | None = None, costs_root: Path | None = None) -> None:
+                 engine: str = "auto", compile: bool | None = None, costs: Costs | None = None, costs_root: Path | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
         """``gamma``: draft tokens per round, or "auto": chosen each round
         from ``costs`` (default: measured once on this machine and kept
         under ``costs_root``, default the profiles folder) and the
-        acceptance seen so far; see :mod:`.costs`."""
+        acceptance seen so far; see :mod:`.costs`.  ``progress`` hears
+        about long work (measuring the costs)."""
         if gamma != "auto" and (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1):
             raise ConfigurationError(f"gamma (draft tokens per round) must be auto or a whole number >= 1, got {gamma!r}")
         if proposer is not None and draft is not None:
@@ -233,6 +235,7 @@ class LocalSpeculator:
         self.max_gamma = MAX_GAMMA if self.auto else int(gamma)
         self.costs, self.costs_root = costs, costs_root if costs_root is not None else profiles_dir()
         self._costs_by_kind: dict[tuple[str, int], Costs] = {}
+        self.progress = progress
         # Timing draft and verify apart costs a host sync mid-round on a GPU;
         # the fast path only times whole rounds there.
         self._timed_phases = self.target.device.type != "cuda" or isinstance(self.target, CachedLM)
@@ -242,7 +245,8 @@ class LocalSpeculator:
 
     @classmethod
     def from_pretrained(cls, target_path: str, draft_path: str | None = None, *, device: str = "cpu", dtype: str = "auto", gamma: int | str = DEFAULT_GAMMA,
-                        heads_path: str | None = None, heads_kind: str = "medusa", engine: str = "auto", compile: bool | None = None) -> "LocalSpeculator":
+                        heads_path: str | None = None, heads_kind: str = "medusa", engine: str = "auto", compile: bool | None = None,
+                        progress: Callable[[str], None] | None = None) -> "LocalSpeculator":
         """Load both models from transformers folders (no downloads) and check
         that they share a tokenizer; or the target and heads trained for it
         (``bspec heads train``), refused for any other target."""
@@ -265,7 +269,7 @@ class LocalSpeculator:
             from .heads import MedusaProposer, load_medusa
 
             proposer = MedusaProposer(load_medusa(heads_path, target, tokenizer))
-        return cls(target, draft, tokenizer, gamma=gamma, proposer=proposer, engine=engine, compile=compile)
+        return cls(target, draft, tokenizer, gamma=gamma, proposer=proposer, engine=engine, compile=compile, progress=progress)
 
     def generate(
         self,
@@ -297,11 +301,12 @@ class LocalSpeculator:
         generator = as_generator(seed, self.target.device)
         if self.proposer is not None:
             self._check_request(prompt_ids, max_tokens, 1, generator)
-            chooser = (lambda nodes: self._depth_chooser(nodes, sampling, local)) if self.auto else None
+            chooser = (lambda nodes: self._depth_chooser(nodes, sampling, local, fit_costs=seed is None)) if self.auto else None
             row = speculate_tree(self.target, self.proposer, prompt_ids, max_tokens=max_tokens, sampling=sampling, generator=generator,
                                  ends=set(self.ends.tolist()), stats=stats, local=local, on_tokens=show, depth_chooser=chooser)
         else:
-            out = self.sample_tokens(prompt_ids, max_tokens=max_tokens, sampling=sampling, generator=generator, stats=stats, local=local, on_tokens=show)
+            out = self.sample_tokens(prompt_ids, max_tokens=max_tokens, sampling=sampling, generator=generator, stats=stats, local=local, on_tokens=show,
+                                     fit_costs=seed is None)
             row = out[0].tolist()
         stats.wall_s = time.perf_counter() - start
         row = [t for t in row if t != NO_TOKEN]
@@ -341,9 +346,13 @@ class LocalSpeculator:
         stats: GenerationStats | None = None,
         local: LocalStats | None = None,
         on_tokens: Callable[[list[int]], None] | None = None,
+        fit_costs: bool = False,
     ) -> torch.Tensor:
         """``rows`` independent samples of up to ``max_tokens`` tokens → [rows, max_tokens],
-        each row cut after its first end token and padded with ``NO_TOKEN``."""
+        each row cut after its first end token and padded with ``NO_TOKEN``.
+        ``fit_costs`` (``--gamma auto``): fit the measured costs to the
+        rounds' own times as they go; timings vary, so a seeded run that
+        must replay leaves it off."""
         if self.proposer is not None:
             raise ConfigurationError("trees from heads sample one continuation at a time: use generate(), or a draft model for rows")
         self._check_request(prompt_ids, max_tokens, rows, generator)
@@ -352,6 +361,7 @@ class LocalSpeculator:
         target, draft, device = self.target, self.draft, self.target.device
         gamma = self.max_gamma if draft is not None else 0
         chooser: GammaChooser | None = None
+        rounds = 0
         out = torch.full((rows, max_tokens + gamma + 1), NO_TOKEN, dtype=torch.int64, device=device)
         count = torch.zeros(rows, dtype=torch.int64, device=device)
         done = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -367,19 +377,22 @@ class LocalSpeculator:
             draft_pending, draft_valid = prompt, torch.ones_like(prompt, dtype=torch.bool)
 
         while not bool(done.all()):
+            most = None if self._fixed_shapes else max_tokens - 1 - int(count[~done].min())
             # 0. γ: fixed, or (auto) chosen from the measured costs once the
             #    first round, plain, has read the prompt.  Never draft past
             #    max_tokens (the last token needs no draft), except where
             #    steps are compiled: there one verify width is one graph, and
             #    the tokens past max_tokens are dropped in step 5.
-            if self.auto and draft is not None and local.target_forwards > 0:
-                chooser = chooser or self._gamma_chooser(rows, sampling, local)
-            most = None if self._fixed_shapes else max_tokens - 1 - int(count[~done].min())
+            if self.auto and draft is not None and rounds > 0 and most != 0:
+                chooser = chooser or self._gamma_chooser(rows, sampling, local, fit_costs)
             wanted = chooser.next_gamma(most) if chooser is not None else 0 if self.auto else gamma
             k = wanted if most is None else min(wanted, most)
             # Rows that have ended still go through the batch (their draws keep
             # a seed's stream), but as holes: their positions stop growing.
             running = (~done).unsqueeze(1)
+            # (A draft catching up on many tokens, its prompt or a plain
+            # stretch, takes longer than a step: not a step's time.)
+            draft_step_timed = draft is not None and draft_pending.shape[1] <= 2
             clock = time.perf_counter()
 
             # 1. Draft k tokens, each sampled from q (logits fitted to the target's vocabulary).
@@ -446,8 +459,9 @@ class LocalSpeculator:
             beta = float((expected_acceptance(p[:, :k], q) * examined).sum())
             local.beta_sum += beta
             if chooser is not None:
-                chooser.observe(beta, int(examined.sum()))
+                chooser.observe(beta, int(examined.sum()), gamma=k, draft_s=drafted_at - clock if draft_step_timed else 0.0, verify_s=verified_at - drafted_at)
             local.round_tokens.append(int(torch.where(live, n, 0).sum()))
+            rounds += 1
             stats.observe_round("local", calls=1, cancelled=0, seconds=verified_at - drafted_at)
             stats.draft_s += drafted_at - clock
             accepted = int(torch.where(live, n_accepted, 0).sum())
@@ -464,23 +478,28 @@ class LocalSpeculator:
             local.gamma = max(chooser.chosen, key=chooser.chosen.count)
         return _cut_after_end(out[:, :max_tokens], self.ends)
 
-    def _gamma_chooser(self, rows: int, sampling: SamplingParams, local: LocalStats) -> GammaChooser:
+    def _gamma_chooser(self, rows: int, sampling: SamplingParams, local: LocalStats, fit_costs: bool = False) -> GammaChooser:
         """A chooser over this speculator's costs for ``rows``: given,
         measured earlier (this process or the disk), or measured now, after
         the prompt is in the target's cache."""
         from .calibrate import chain_widths
 
         costs = self._costs(("chain", rows), chain_widths(self.max_gamma), sampling, local)
-        return GammaChooser(costs, self.max_gamma, chosen=[0])  # the first round, plain, read the prompt
+        # The first round, plain, read the prompt; its time is the prompt's, not a step's.
+        # Given costs are taken as they are (tests, benches); measured ones are fitted where asked.
+        fit = fit_costs and self._timed_phases and self.costs is None
+        return GammaChooser(costs, self.max_gamma, chosen=[0], times=RoundTimes() if fit else None)
 
-    def _depth_chooser(self, nodes: int, sampling: SamplingParams, local: LocalStats) -> DepthChooser:
+    def _depth_chooser(self, nodes: int, sampling: SamplingParams, local: LocalStats, fit_costs: bool = False) -> DepthChooser:
         """A chooser of tree depths, its costs timed up to ``nodes`` + 1
-        tokens (the first tree's size); the proposal's time is learned as
-        rounds go."""
+        tokens (the first tree's size); with ``fit_costs`` the proposal's
+        time is learnt as rounds go (a seeded run takes it as free, so that
+        its cuts, and its text, replay)."""
         from .calibrate import tree_widths
 
         costs = self._costs(("tree", nodes), tree_widths(nodes), sampling, local)
-        return DepthChooser(replace(costs, verify_s=dict(costs.verify_s), draft_s=0.0))
+        given = self.costs is not None
+        return DepthChooser(replace(costs, verify_s=dict(costs.verify_s), draft_s=costs.draft_s if given else 0.0), learn_draft=fit_costs and not given)
 
     def _costs(self, kind: tuple[str, int], widths: list[int], sampling: SamplingParams, local: LocalStats) -> Costs:
         """Given, measured earlier (in this process or kept on disk), or
@@ -490,10 +509,10 @@ class LocalSpeculator:
         elif kind in self._costs_by_kind:
             costs, source = self._costs_by_kind[kind], "measured earlier in this process"
         else:
-            from .calibrate import stored_or_measured
+            from .calibrate import model_name, stored_or_measured
 
-            key = (_name(self.target), _name(self.draft), self.engine, self.target.device, torch.get_num_threads(), *kind)
-            costs, source = stored_or_measured(key, self.costs_root, self.target, self.draft, widths, sampling)
+            key = (model_name(self.target), model_name(self.draft), self.engine, self.target.device, torch.get_num_threads(), *kind)
+            costs, source = stored_or_measured(key, self.costs_root, self.target, self.draft, widths, sampling, self.progress)
             self._costs_by_kind[kind] = costs
         local.auto["costs"] = source
         return costs
@@ -565,15 +584,6 @@ def _cut_after_end(tokens: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     is_end = torch.isin(tokens, ends).to(torch.int64)
     after_end = (torch.cumsum(is_end, 1) - is_end) > 0
     return tokens.masked_fill(after_end, NO_TOKEN)
-
-
-def _name(lm: Any) -> str:
-    """What identifies a wrapped model for stored costs: its folder (or
-    config) and dtype."""
-    if lm is None:
-        return "none"
-    model = lm.model
-    return f"{getattr(model.config, '_name_or_path', '') or model.config.to_json_string()}:{next(model.parameters()).dtype}"
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -38,7 +38,7 @@ _CAPACITY_STEP = 16
 # Compiled buffers start at this size, so short requests share one set of
 # graphs (each new size recompiles: minutes on a CPU, and CUDA graphs again).
 _COMPILED_SLOTS = 256
-COMPILED_WIDTHS = 16  # wider steps (prompts) run eagerly: one graph per prompt length would not pay
+COMPILED_WIDTHS = 8  # verify widths up to --gamma auto's 7; wider steps (prompts, a draft's catch-up) run eagerly
 
 
 def static_unsupported(model: Any) -> str | None:
@@ -200,9 +200,11 @@ class StaticLM:
         if longest + width > self.capacity:
             self._allocate(rows, self._slots(longest + width), keep=longest)
         ids = torch.zeros((rows, width), dtype=torch.int64, device=self.device)
-        lengths = self.lengths
+        lengths, started = self.lengths, self._started
+        self._started = True  # time the step a round would run (compiled, where it is)
         logits = self.forward(ids, torch.ones_like(ids, dtype=torch.bool), last=width)
-        self.lengths, self.forwards = lengths, self.forwards - 1
+        # Restored: a model's first real forward (its prompt) stays eager.
+        self.lengths, self.forwards, self._started = lengths, self.forwards - 1, started
         return logits
 
     def forget_last(self, counts: torch.Tensor) -> None:

@@ -58,8 +58,8 @@ def walk_tree(tree: DraftTree, q: torch.Tensor, p_after: Callable[[int], torch.T
         row = p_after(node)
         if not kids:
             return accepted, int(sample(row, generator))
-        index = torch.tensor(kids, device=row.device)
-        chosen, token = multi_draft_rejection(row, tree.tokens[index].unsqueeze(0).to(row.device), q[index].unsqueeze(0).to(row.device), generator)
+        index = torch.tensor(kids)  # a CPU index serves the tree's tensors wherever they are
+        chosen, token = multi_draft_rejection(row, tree.tokens[index].unsqueeze(0).to(row.device), q[index.to(q.device)].unsqueeze(0).to(row.device), generator)
         if int(chosen) < 0:
             return accepted, int(token)
         node = kids[int(chosen)]
@@ -93,6 +93,7 @@ def speculate_tree(
     chooser: DepthChooser | None = None
     empty = DraftTree(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
     prefill_s = time.perf_counter() - clock
+    proposal_timed = False  # the first proposal reads the whole prompt
     _account(stats, local, empty, [], tokens, rejected=False, plain=True, seconds=(0.0, prefill_s, prefill_s))  # the prompt's round
     if on_tokens is not None:
         on_tokens([root])
@@ -133,12 +134,15 @@ def speculate_tree(
         # 5. Account: tokens per target forward, acceptance per depth; the
         #    first tree (whole) sizes the costs the chooser measures.
         verified_at = time.perf_counter()
-        if chooser is None and depth_chooser is not None:
+        more = tokens[-1] not in ends and len(tokens) < max_tokens
+        if chooser is None and depth_chooser is not None and more:
             chooser = depth_chooser(len(tree))
         if chooser is not None:
             uncut = whole is not None and len(whole) == len(tree)
+            # A proposal that read the prompt or a plain stretch's features is not a step's time.
             chooser.observe(len(nodes_by_depth(tree)), len(accepted), nodes_by_depth(tree) if uncut else None,
-                            draft_s=drafted_at - clock if whole is not None else None)
+                            draft_s=drafted_at - clock if whole is not None and proposal_timed else None)
+        proposal_timed = depth != 0
         _account(stats, local, tree, accepted, emitted, rejected=bool(tree.children(node)), plain=whole is None,
                  seconds=(drafted_at - clock, verified_at - drafted_at, verified_at - clock))
         if on_tokens is not None:
