@@ -43,9 +43,18 @@ from typing import Sequence
 # changes character (code, then prose).
 PRIOR_ALPHA, PRIOR_WEIGHT, DECAY = 0.6, 2.0, 0.9
 MAX_GAMMA = 6
+# Drafting must be expected to beat plain decoding by this much: the model
+# leaves out a few percent (the draft's catch-up after plain steps, the
+# rule's bookkeeping), and losing is worse than not winning.  On float32
+# here, rounds the model called even ran at 0.96x.
+MARGIN = 1.05
 # While plain wins, a round at γ = 1 now and then re-measures α (doubling
 # the gap each time plain still wins, up to MAX_EXPLORE_GAP rounds).
 EXPLORE_GAP, MAX_EXPLORE_GAP = 4, 32
+# A look may lose at most this share of the plain steps still to come (a
+# look with γ = 5 in float32 here costs ~1.5 steps more than it brings at
+# the prior α: 3% of a 48-token answer each time).
+EXPLORE_BUDGET = 0.02
 MAX_AGE_S = 24 * 3600  # stored costs older than this are measured again
 DRAFT_WEIGHT = 0.3  # a new proposal's time in the running mean
 
@@ -112,7 +121,8 @@ def chain_speedup(alpha: float, gamma: int, costs: Costs) -> float:
 
 
 def best_gamma(alpha: float, costs: Costs, max_gamma: int = MAX_GAMMA) -> tuple[int, float]:
-    """The γ in 0..max_gamma with the highest S(γ), and S; ties go to the smaller γ.
+    """The γ in 0..max_gamma with the highest S(γ), and S; ties go to the
+    smaller γ, and plain (γ = 0) wins unless drafting beats it by MARGIN.
 
     >>> best_gamma(0.8, Costs({1: 1.0, 3: 1.2, 5: 2.0}, draft_s=0.1))
     (2, 1.743)
@@ -121,7 +131,7 @@ def best_gamma(alpha: float, costs: Costs, max_gamma: int = MAX_GAMMA) -> tuple[
     """
     speeds = [chain_speedup(alpha, g, costs) for g in range(max_gamma + 1)]
     gamma = max(range(len(speeds)), key=lambda g: (round(speeds[g], 9), -g))
-    return gamma, round(speeds[gamma], 3)
+    return (gamma, round(speeds[gamma], 3)) if speeds[gamma] >= MARGIN else (0, 1.0)
 
 
 def tree_speedup(reach: Sequence[float], depth: int, nodes: Sequence[int], costs: Costs) -> float:
@@ -138,7 +148,8 @@ def tree_speedup(reach: Sequence[float], depth: int, nodes: Sequence[int], costs
 
 
 def best_depth(reach: Sequence[float], nodes: Sequence[int], costs: Costs) -> tuple[int, float]:
-    """The depth in 0..len(nodes) with the highest S, and S.
+    """The depth in 0..len(nodes) with the highest S, and S (plain unless a
+    tree beats it by MARGIN).
 
     >>> best_depth([0.7, 0.5, 0.3], [3, 6, 9], Costs({1: 1.0, 8: 1.5}, draft_s=0.2))
     (3, 1.357)
@@ -147,7 +158,7 @@ def best_depth(reach: Sequence[float], nodes: Sequence[int], costs: Costs) -> tu
     """
     speeds = [tree_speedup(reach, d, nodes, costs) for d in range(len(nodes) + 1)]
     depth = max(range(len(speeds)), key=lambda d: (round(speeds[d], 9), -d))
-    return depth, round(speeds[depth], 3)
+    return (depth, round(speeds[depth], 3)) if speeds[depth] >= MARGIN else (0, 1.0)
 
 
 @dataclass
@@ -225,8 +236,9 @@ class GammaChooser:
     def current_costs(self) -> Costs:
         return self.times.fitted(self.costs) if self.times is not None else self.costs
 
-    def next_gamma(self, most: int | None = None) -> int:
-        """γ for the next round, at most ``most`` (the tokens still wanted)."""
+    def next_gamma(self, most: int | None = None, remaining: int | None = None) -> int:
+        """γ for the next round, at most ``most`` (the drafts still wanted);
+        ``remaining``: tokens still to come, which a look must be cheap against."""
         costs, most = self.current_costs, self.max_gamma if most is None else min(most, self.max_gamma)
         gamma, self.expected = best_gamma(self.alpha.value, costs, most)
         if gamma == 0:
@@ -237,12 +249,17 @@ class GammaChooser:
                 # that is likely to lose, so on a machine where only near-sure
                 # drafts could pay (float32 here: α >= 0.97) it is not taken.
                 self._plain_rounds, self._gap = 0, min(2 * self._gap, MAX_EXPLORE_GAP)
-                hopeful, speed = best_gamma(self.alpha.optimistic, costs, most)
-                gamma = hopeful if speed > 1.0 else 0
+                gamma, _ = best_gamma(self.alpha.optimistic, costs, most)
+                if gamma and remaining is not None and self._look_loss(gamma, costs) > EXPLORE_BUDGET * remaining:
+                    gamma = 0
         else:
             self._plain_rounds, self._gap = 0, EXPLORE_GAP
         self.chosen.append(gamma)
         return gamma
+
+    def _look_loss(self, gamma: int, costs: Costs) -> float:
+        """Plain steps a round at ``gamma`` costs beyond the tokens it brings at the current α."""
+        return (gamma * costs.draft_s + costs.verify(gamma + 1)) / costs.plain_s - expected_tokens(self.alpha.value, gamma)
 
     def observe(self, beta_sum: float, positions: int, *, gamma: int = 0, draft_s: float = 0.0, verify_s: float = 0.0) -> None:
         """A round's acceptance (Σ β over its examined positions) and, where

@@ -385,7 +385,7 @@ class LocalSpeculator:
             #    the tokens past max_tokens are dropped in step 5.
             if self.auto and draft is not None and rounds > 0 and most != 0:
                 chooser = chooser or self._gamma_chooser(rows, sampling, local, fit_costs)
-            wanted = chooser.next_gamma(most) if chooser is not None else 0 if self.auto else gamma
+            wanted = chooser.next_gamma(most, max_tokens - int(count[~done].min())) if chooser is not None else 0 if self.auto else gamma
             k = wanted if most is None else min(wanted, most)
             # Rows that have ended still go through the batch (their draws keep
             # a seed's stream), but as holes: their positions stop growing.
