@@ -48,18 +48,13 @@ from blackbox_spec.local.tree import ROOT, DraftTree
 from blackbox_spec.local.tree_engine import speculate_tree
 
 from .chi_square import chi_square_p_value, joint_counts
+from .test_local_sampling import SETTINGS  # T=1.0, T=0.7, top-k=3, top-p=0.8
 
 SAMPLES = 100_000
 VOCAB = 5
 MAX_TOKENS = 4  # the first token, then one round can accept a depth-2 path and a bonus
 PROMPT = [2, 0, 3]
 PARENTS = torch.tensor([ROOT, ROOT, 0, 0, 1])  # 2 children of the root; 2 below the first, 1 below the second
-SETTINGS = {
-    "T=1.0": SamplingParams(temperature=1.0),
-    "T=0.7": SamplingParams(temperature=0.7),
-    "top-k=3": SamplingParams(temperature=1.0, top_k=3),
-    "top-p=0.8": SamplingParams(temperature=1.0, top_p=0.8),
-}
 
 
 def toy_tables(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
