@@ -126,15 +126,19 @@ def load_profile(base_url: str, model: str, root: Path | None = None) -> ServerP
 
 
 def save_profile(profile: ServerProfile, root: Path | None = None) -> None:
-    """Write atomically (a concurrent reader sees the old file or the new
-    one); a read-only cache only costs the head start."""
+    """Write the profile; a read-only cache only costs the head start."""
     profile.saved_at = time.time()
-    path = profile_path(profile.server, profile.model, root)
+    write_json_atomically(profile_path(profile.server, profile.model, root), asdict(profile))
+
+
+def write_json_atomically(path: Path, data: Any) -> None:
+    """Write ``data`` so that a concurrent reader sees the old file or the
+    new one; a cache that cannot be written is skipped, never an error."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".profile-", suffix=".json")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem[:16]}-", suffix=".json")
         with os.fdopen(fd, "w") as f:
-            json.dump(asdict(profile), f, indent=1)
+            json.dump(data, f, indent=1)
         os.replace(tmp, path)
     except OSError:
         pass

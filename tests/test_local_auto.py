@@ -15,8 +15,9 @@ from blackbox_spec import ConfigurationError, GenerationStats
 from blackbox_spec.local import CachedLM, LocalSpeculator, LocalStats, SamplingParams
 from blackbox_spec.local.costs import (
     EXPLORE_GAP, MARGIN, MAX_EXPLORE_GAP, Acceptance, Costs, DepthChooser, GammaChooser, RoundTimes, best_depth, best_gamma, chain_speedup,
-    expected_tokens, load_costs, save_costs, tree_speedup,
+    expected_tokens, tree_speedup,
 )
+from blackbox_spec.local.calibrate import load_costs, save_costs
 from blackbox_spec.local.sampling import NO_TOKEN, as_generator
 from blackbox_spec.local.static import StaticLM
 

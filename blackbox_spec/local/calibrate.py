@@ -10,16 +10,20 @@ dtype, threads, rows), so a process measures once a day, not once a call.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
-from .costs import Costs, costs_key, load_costs, save_costs
+from ..profile import write_json_atomically
+from .costs import Costs
 from .sampling import SamplingParams, rejection_sample, sample, sampling_probs
 
 REPEATS = 2  # passes over the widths; each width's fastest is kept
+MAX_AGE_S = 24 * 3600  # stored costs older than this are measured again
 
 
 def chain_widths(max_gamma: int) -> list[int]:
@@ -92,6 +96,24 @@ def model_name(lm: Any) -> str:
         return "none"
     model = lm.model
     return f"{getattr(model.config, '_name_or_path', '') or model.config.to_json_string()}:{next(model.parameters()).dtype}"
+
+
+def costs_key(*parts: object) -> str:
+    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:24]
+
+
+def load_costs(key: str, root: Path) -> Costs | None:
+    """Costs measured earlier on this machine, or None (none, unreadable, too old)."""
+    try:
+        costs = Costs.from_dict(json.loads((root / f"local-{key}.json").read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return costs if time.time() - costs.measured_at < MAX_AGE_S else None
+
+
+def save_costs(key: str, costs: Costs, root: Path) -> None:
+    """Keep the costs; a read-only cache only costs the next process a measurement."""
+    write_json_atomically(root / f"local-{key}.json", costs.to_dict())
 
 
 def _verify_step(target: Any, width: int, sampling: SamplingParams, generator: torch.Generator) -> None:

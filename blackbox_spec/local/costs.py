@@ -28,14 +28,8 @@ The math is pure functions of floats; :class:`GammaChooser` and
 from __future__ import annotations
 
 import bisect
-import hashlib
-import json
 import math
-import os
-import tempfile
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 # α before anything is seen, and how many positions' worth it weighs: light,
@@ -55,7 +49,6 @@ EXPLORE_GAP, MAX_EXPLORE_GAP = 4, 32
 # look with γ = 5 in float32 here costs ~1.5 steps more than it brings at
 # the prior α: 3% of a 48-token answer each time).
 EXPLORE_BUDGET = 0.02
-MAX_AGE_S = 24 * 3600  # stored costs older than this are measured again
 DRAFT_WEIGHT = 0.3  # a new proposal's time in the running mean
 
 
@@ -335,28 +328,3 @@ class DepthChooser:
         return {"depth_rounds": {str(d): n for d, n in counts.items()}, "reach_estimate": [round(r, 3) for r in reach],
                 "expected_speedup": round(tree_speedup(reach, min(depth, len(self.nodes)), self.nodes, self.costs), 3),
                 "c": round(self.costs.draft_s / self.costs.plain_s, 3), "v": round(self.costs.verify(nodes + 1) / self.costs.plain_s, 3)}
-
-
-def costs_key(*parts: object) -> str:
-    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:24]
-
-
-def load_costs(key: str, root: Path) -> Costs | None:
-    """Costs measured earlier on this machine, or None (none, unreadable, too old)."""
-    try:
-        costs = Costs.from_dict(json.loads((root / f"local-{key}.json").read_text()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return costs if time.time() - costs.measured_at < MAX_AGE_S and costs.verify_s else None
-
-
-def save_costs(key: str, costs: Costs, root: Path) -> None:
-    """Write atomically; a read-only cache only costs the next process a measurement."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=root, prefix=".local-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(costs.to_dict(), f)
-        os.replace(tmp, root / f"local-{key}.json")
-    except OSError:
-        pass

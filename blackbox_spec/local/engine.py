@@ -326,7 +326,7 @@ class LocalSpeculator:
             raise ConfigurationError(f"max_tokens must be a positive integer, not {max_tokens!r}")
         if rows < 1:
             raise ConfigurationError(f"rows must be at least 1, not {rows!r}")
-        reach = getattr(self.proposer, "depth", 0) if self.proposer is not None else self.max_gamma
+        reach = getattr(self.proposer, "depth", 0) if self.proposer is not None else self.max_gamma if self.draft is not None else 0
         if len(prompt_ids) + max_tokens + reach + 1 > self.max_positions:
             raise ConfigurationError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the target's {self.max_positions} positions")
         if not _same_device(generator.device, self.target.device):
