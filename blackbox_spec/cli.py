@@ -786,13 +786,13 @@ def _heads(args: argparse.Namespace) -> int:
     """``bspec heads train``: continuations, hidden states (cached), training, held-out accuracy."""
     from rich.progress import Progress
 
-    from .drafters.hf import _import_hf, load_folder
+    from .drafters.hf import import_hf, load_folder
     from .local.train_heads import (Sequences, distill_sequences, greedy_continuations, lm_head_agreement, offline_corpus, prompt_key,
                                     server_continuations, train_eagle, train_medusa)
 
     if args.init and args.kind != "eagle":
         raise PromptError("--init starts an EAGLE head from another; Medusa heads train from scratch in seconds to minutes")
-    torch, _ = _import_hf("bspec heads")
+    torch, _ = import_hf("bspec heads")
     out = Path(args.out)
     hint = "a .gguf file converts to one with `bspec server prepare vllm --model NAME`"
     model, tokenizer = load_folder(args.target, device=args.device, dtype="float32", role="target model", option="--device", hint=hint, feature="bspec heads")

@@ -18,7 +18,10 @@ from .._exceptions import ConfigurationError
 from .model import common_prefix
 
 
-def _import_hf(feature: str = "--drafter hf"):
+def import_hf(feature: str = "--drafter hf"):
+    """torch and transformers, imported on first use (they are the optional
+    ``hf`` extra), or a one-line :class:`ConfigurationError` naming the
+    ``feature`` that needs them."""
     try:
         import torch
         import transformers
@@ -32,7 +35,7 @@ def load_folder(path: str | os.PathLike[str], *, device: str, dtype: str, role: 
     one-line :class:`ConfigurationError` (``role`` and ``option`` name what
     the user passed, e.g. "draft model" and "--draft-device"; ``hint`` is
     what to do with a path that is not a folder)."""
-    torch, transformers = _import_hf(feature)
+    torch, transformers = import_hf(feature)
     folder = Path(path).expanduser()
     if not folder.exists():
         raise ConfigurationError(f"{role} {folder} does not exist")
@@ -76,7 +79,7 @@ class HFModel:
         tokenizer: Any = None,
         max_context: int = 8192,
     ) -> None:
-        self.torch, _ = _import_hf()
+        self.torch, _ = import_hf()
         if model is None:
             if path is None:
                 raise ConfigurationError("HFModel needs a folder path or a loaded model")

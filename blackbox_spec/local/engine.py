@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from .._exceptions import ConfigurationError
 from .._stats import GenerationResult, GenerationStats
-from ..drafters.hf import _import_hf, cache_argument, end_tokens, load_folder
+from ..drafters.hf import import_hf, cache_argument, end_tokens, load_folder
 from ..profile import profiles_dir
 from .costs import MAX_GAMMA, Costs, DepthChooser, GammaChooser, RoundTimes
 from .sampling import NO_TOKEN, SamplingParams, as_generator, expected_acceptance, rejection_sample, sample, sampling_probs
@@ -31,7 +31,7 @@ from .tree import DraftTree, ancestor_mask, tree_positions
 from .static import StaticLM, static_unsupported
 from .tree_engine import speculate_tree
 
-torch, _ = _import_hf("local target mode (--local)")
+torch, _ = import_hf("local target mode (--local)")
 
 # γ is chosen each round from this machine's measured costs and the
 # acceptance seen so far (.costs): on 2 CPU cores a target forward of 5
