@@ -21,8 +21,11 @@ Both kinds go through one admission (``serving.admission``: slots, a
 queue, 503 beyond it).  The ``x-bspec`` response header says which kind,
 and why.  ``GET /metrics`` reports the limits, acceptance, the speedup
 estimate and the decoding steps that accepted drafts saved.  A caller that
-goes away cancels its work at any moment (``serving.answers``): every
-upstream request it had open is closed and its slot given back.
+goes away cancels its work at any moment (``serving.answers``,
+``serving.passthrough``): every upstream request it had open is closed and
+its slot given back.  The clients live in ``serving.clients``; what is
+learned of the upstream beside requests (its model list, its token counts)
+in ``serving.upstream``.
 
 Who may call it (``serving.requests.refusal``): with ``client_keys`` only
 callers that send one of them as a bearer key; without, it should listen on
@@ -49,25 +52,24 @@ from typing import Any, AsyncIterator, Iterator, Sequence
 import httpx
 
 from ._exceptions import BlackboxSpecError, ConfigurationError, redact
-from ._target import new_http_client
 from .client import GenerationStream, SpecClient
-from .drafters import DrafterFactory, SessionIndex
 from .serving import answers
-from .serving.admission import Admission, Busy, Lease
+from .serving.admission import Admission, Lease
 from .serving.answers import error
+from .serving.clients import SESSION_CHARS, SESSION_PIECES, ClientPool  # noqa: F401  (SESSION_*: re-exported, they lived here)
 from .serving.metrics import ProxyMetrics
-from .serving.requests import (DEFAULT_MAX_PROMPT_CHARS, CHARS_PER_TOKEN_BOUND, Refused, bearer_token, host_name, is_loopback,
-                               passthrough_reason, prediction_text, read_json, refusal, request_problem)
-
-# The suffix indexes' budget for the whole process: with a session per
-# caller key, each of ``max_clients`` clients gets its share.
-SESSION_PIECES, SESSION_CHARS = 200_000, 4_000_000
+from .serving.passthrough import forward
+from .serving.requests import (DEFAULT_MAX_PROMPT_CHARS, Refused, bearer_token, host_name, is_loopback, passthrough_reason, prediction_text,
+                               read_json, refusal, request_problem)
+from .serving.upstream import ModelList, TokenCounts
 
 __all__ = ["Proxy", "ProxyMetrics", "is_loopback", "passthrough_reason", "request_problem", "running", "serve"]
 
 
 class Proxy:
-    """The application: routes, clients per model and caller, admission, metrics.
+    """The application: routes, and the way of each request through
+    admission to a client (``clients``, one per model and caller), or
+    through to the upstream; ``metrics`` counts them all.
 
     ``client_options`` are :class:`SpecClient` arguments (drafter, strategy,
     timeout...); ``transport`` is the httpx transport of every upstream call
@@ -106,19 +108,14 @@ class Proxy:
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
         self.default_model = model
-        self._options = dict(client_options or {})
-        # One draft model for the whole process (``DrafterFactory.sibling``).
-        self._drafters = self._shared_drafters()
+        # One draft model for the whole process (``DrafterFactory.sibling``),
+        # one HTTP pool for every client.
+        self.clients = ClientPool(self.base_url, client_options or {}, transport=transport, timeout=timeout,
+                                  max_connections=max(64, 4 * max_concurrency), max_clients=max_clients, share_sessions=share_sessions)
         self.client_keys = [key.encode() for key in client_keys]
         self.allowed_hosts = {host_name(h) for h in allowed_hosts}
         self.max_body_bytes = max_body_bytes
         self.max_prompt_chars = max_prompt_chars
-        self.max_clients = max_clients
-        self.share_sessions = share_sessions
-        # (model, whose key upstream, which caller, speculating) -> client,
-        # least recently used first.  All share one HTTP pool.
-        self._clients: OrderedDict[tuple[str, str, str, bool], SpecClient] = OrderedDict()
-        self._session_index = None  # with ``share_sessions``: every caller's
         self.max_speculative = max_speculative
         self.metrics = ProxyMetrics()
         self.admission = Admission(max_concurrency, max_queue, self.metrics)
@@ -126,14 +123,8 @@ class Proxy:
                                "max_clients": max_clients, "sessions": "shared" if share_sessions else "per caller key"}
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.upstream = httpx.AsyncClient(base_url=self.base_url, transport=transport, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
-        self._http = new_http_client(transport, timeout, max_connections=max(64, 4 * max_concurrency))
-        self._tokenize: bool | None = None  # whether the upstream counts tokens (vLLM's /tokenize)
-        # The upstream's model list (id -> context in tokens, or None), learned
-        # beside requests, never before one; None until known.
-        self._models_listed: dict[str, int | None] | None = None
-        self._models_at = float("-inf")
-        self._models_ttl_s = models_ttl_s
-        self._listing: asyncio.Task | None = None
+        self.models = ModelList(self.upstream, self.base_url, models_ttl_s)
+        self.token_counts = TokenCounts(self.upstream, self.base_url)
 
     @property
     def max_queue(self) -> int:
@@ -142,6 +133,18 @@ class Proxy:
     @property
     def _slots(self) -> asyncio.Semaphore:
         return self.admission.slots
+
+    @property
+    def max_clients(self) -> int:
+        return self.clients.max_clients
+
+    @property
+    def share_sessions(self) -> bool:
+        return self.clients.share_sessions
+
+    @property
+    def _clients(self) -> OrderedDict[tuple[str, str, str, bool], SpecClient]:
+        return self.clients.clients
 
     @property
     def has_own_key(self) -> bool:
@@ -153,47 +156,11 @@ class Proxy:
 
     # -- clients -------------------------------------------------------------------
 
-    def _shared_drafters(self) -> DrafterFactory | None:
-        """The drafter every speculating client's is a sibling of (None: a
-        drafter instance or none was given, used as it is)."""
-        kind = self._options.get("drafter")
-        if not isinstance(kind, str) or kind == "none":
-            return None
-        return DrafterFactory(kind, draft_model=self._options.get("draft_model"), draft_device=self._options.get("draft_device") or "cpu")
-
     def client_for(self, model: str, key: str | None = None, speculating: bool = True, tenant: str = "") -> SpecClient:
         """The client for ``model`` called with ``key`` upstream (the
-        proxy's own, or a caller's) for the caller ``tenant`` (``tenant_of``),
-        made on first use; the least recently used is dropped beyond
-        ``max_clients`` (a generation still running on it finishes)."""
-        caller = "" if self.share_sessions or not speculating else tenant
-        ident = (model, hashlib.sha256((key or "").encode()).hexdigest()[:16], caller, speculating)
-        client = self._clients.get(ident)
-        if client is not None:
-            self._clients.move_to_end(ident)
-            return client
-        if speculating:
-            options = dict(self._options)
-            if self._drafters is not None:
-                # Each caller's index gets a share of one budget, so memory
-                # stays bounded whatever the number of keys (an index of 4M
-                # characters took ~140 MB in the soak).
-                index = None if self.share_sessions else SessionIndex(max(1, SESSION_PIECES // self.max_clients), max(1, SESSION_CHARS // self.max_clients))
-                options.update(drafter=self._drafters.sibling(index), draft_model=None)
-        else:  # plain decoding through the same code path (exact, one stream per request)
-            options = {k: v for k, v in self._options.items() if k in ("timeout", "max_in_flight", "retries")}
-            options["drafter"] = None
-        client = SpecClient(self.base_url, key, model, http_client=self._http, **options)
-        if speculating and self.share_sessions:
-            if self._session_index is None:
-                self._session_index = client.session_index
-            elif client.session_index is not None:
-                client.session_index = self._session_index
-        self._clients[ident] = client
-        while len(self._clients) > self.max_clients:
-            _, dropped = self._clients.popitem(last=False)
-            _background(dropped.aclose())  # keeps its profile; the shared pool stays open
-        return client
+        proxy's own, or a caller's) for the caller ``tenant`` (``tenant_of``):
+        see :meth:`ClientPool.get`."""
+        return self.clients.get(model, key, speculating, tenant)
 
     def tenant_of(self, request) -> str:
         """Who is calling, as far as learned state goes: the bearer key the
@@ -202,38 +169,9 @@ class Proxy:
         return hashlib.sha256(bearer_token({"authorization": request.headers.get("authorization", "")}).encode()).hexdigest()[:16]
 
     async def aclose(self) -> None:
-        if self._listing is not None:
-            self._listing.cancel()
-        for client in self._clients.values():
-            await client.aclose()
-        self._clients.clear()
-        await self._http.aclose()
+        self.models.cancel()
+        await self.clients.aclose()
         await self.upstream.aclose()
-
-    def _prompt_limit(self, model: str) -> int:
-        context = (self._models_listed or {}).get(model)
-        return min(self.max_prompt_chars, CHARS_PER_TOKEN_BOUND * context) if context else self.max_prompt_chars
-
-    def _unlisted(self, model: str, key: str | None) -> bool:
-        """The upstream's list is known and lacks ``model`` (its list is
-        refreshed in the background, never waited for)."""
-        if time.monotonic() - self._models_at > self._models_ttl_s and (self._listing is None or self._listing.done()):
-            self._listing = _background(self._list_models(key))
-        return self._models_listed is not None and model not in self._models_listed
-
-    async def _list_models(self, key: str | None) -> None:
-        self._models_at = time.monotonic()
-        try:
-            response = await self.upstream.get(self.base_url + "/models", headers=_bearer(key))
-            data = response.json().get("data") if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
-            data = None
-        if isinstance(data, list) and all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data) and data:
-            listed = {}
-            for m in data[:10_000]:
-                context = m.get("max_model_len")
-                listed[m["id"]] = context if isinstance(context, int) and not isinstance(context, bool) and context > 0 else None
-            self._models_listed = listed
 
     def app(self):  # -> starlette.applications.Starlette
         try:
@@ -283,7 +221,7 @@ class Proxy:
         return JSONResponse(self.metrics.to_dict())
 
     async def _models(self, request):
-        return await self._pass_through(request, b"", "not a generation")
+        return await forward(self, request, b"", "not a generation")
 
     async def _chat(self, request):
         return await self._generation(request, "chat")
@@ -306,15 +244,15 @@ class Proxy:
             return error(refused.status, refused.message)
         key = self.upstream_key(request)
         model = body.get("model") or self.default_model
-        reason = passthrough_reason(kind, body, self._prompt_limit(model) if model else self.max_prompt_chars)
+        reason = passthrough_reason(kind, body, self.models.prompt_limit(model, self.max_prompt_chars) if model else self.max_prompt_chars)
         if reason is None and not model:
             reason = "no model named"
-        if reason is None and self._unlisted(model, key):
+        if reason is None and self.models.unlisted(model, key):
             reason = "a model the upstream does not list"
         if reason is not None:
             self.metrics.passed_through[reason] = self.metrics.passed_through.get(reason, 0) + 1
-            return await self._pass_through(request, raw, reason)
-        lease = await self._admit(request)
+            return await forward(self, request, raw, reason)
+        lease = await answers.admitted(self.admission, request)
         if not isinstance(lease, Lease):
             return lease  # (refused: busy, or the caller left while queued)
         # From here the lease owns the slot and the generation: every way out
@@ -340,28 +278,6 @@ class Proxy:
             if not lease.handed_over:
                 await lease.release()
 
-    async def _admit(self, request, kind: str = "generation"):
-        """A lease on a slot, or the answer that says why there is none."""
-        try:
-            lease = await self.admission.admit(request, kind)
-        except Busy:
-            self.metrics.rejected_busy += 1
-            return error(503, f"bspec serve is busy: {self.max_queue} requests are already waiting", headers={"retry-after": "1"})
-        if lease is None:  # the caller left while queued: nothing was started
-            self.metrics.disconnected += 1
-            return error(499, "the client went away")
-        return lease
-
-    async def _pass_through(self, request, raw: bytes, reason: str):
-        lease = await self._admit(request, "passthrough")
-        if not isinstance(lease, Lease):
-            return lease
-        try:
-            return await answers.pass_through(self, request, raw, reason, lease)
-        except BaseException:
-            lease.give_back()
-            raise
-
     def _start(self, client: SpecClient, kind: str, body: dict[str, Any], speculating: bool) -> GenerationStream:
         # A prediction is drafted from here where the upstream verifies
         # drafts, and sent on otherwise (the client's prediction_mode auto);
@@ -378,24 +294,9 @@ class Proxy:
         return redact(text, [self._api_key, key, self.base_url])
 
     async def prompt_tokens(self, client: SpecClient, kind: str, body: dict[str, Any], key: str | None) -> int:
-        """The prompt's token count as the upstream bills it: speculation's
-        calls each bill their own, so it is asked for (vLLM's ``/tokenize``);
-        0 where the upstream can't tell."""
-        if self._tokenize is False:
-            return 0
-        root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
-        query = {"model": client.model}
-        query.update({"messages": body["messages"], "add_generation_prompt": True} if kind == "chat" else {"prompt": body["prompt"]})
-        try:
-            response = await self.upstream.post(root + "/tokenize", json=query, headers=_bearer(key))
-            count = response.json().get("count") if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return 0  # a failure now says nothing about the next time
-        if response.status_code in (404, 405, 501):
-            self._tokenize = False  # not there: never asked again
-        elif isinstance(count, int):
-            self._tokenize = True
-        return count if isinstance(count, int) else 0
+        """The prompt's token count as the upstream bills it (0 where it
+        can't tell): see :class:`TokenCounts`."""
+        return await self.token_counts.count(client.model, kind, body, key)
 
 
 class _Gate:
@@ -415,21 +316,6 @@ class _Gate:
             await error(refused.status, refused.message)(scope, receive, send)
             return
         await self.app(scope, receive, send)
-
-
-def _bearer(key: str | None) -> dict[str, str]:
-    return {"authorization": f"Bearer {key}"} if key else {}
-
-
-def _background(coroutine) -> asyncio.Task:
-    """A task that outlives its caller, kept referenced until it ends."""
-    task = asyncio.ensure_future(coroutine)
-    _TASKS.add(task)
-    task.add_done_callback(_TASKS.discard)
-    return task
-
-
-_TASKS: set[asyncio.Task] = set()
 
 
 def serve(proxy: Proxy, host: str = "127.0.0.1", port: int = 8100, *, log_level: str = "warning", app=None) -> None:

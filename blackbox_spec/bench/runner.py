@@ -227,110 +227,170 @@ async def run_bench(
     simulated server's), so each run shows what it billed, else the
     client's count is shown; ``price``: what bills are compared at
     (default: relative prices, in 1, cached 0.25, out 4)."""
+    # 1. With ``chat``, only the prompts written as chat turns.
     if chat:
-        raw = [p.name for p in prompts if p.messages is None]
-        prompts = [p for p in prompts if p.messages is not None]
-        if not prompts:
-            raise PromptError(f"--chat needs prompts written as chat turns; these are raw text: {', '.join(raw)}")
-        if raw and progress:
-            progress(f"skipped (raw text, no chat form): {', '.join(raw)}")
+        prompts = _chat_prompts(prompts, progress)
+    # 2. The report, and a client for plain decoding and each configuration.
     report = Report(server or {"base_url": base_url}, [c.label for c in configs], repeats, price=price or RELATIVE_PRICE)
-    report.server["fresh_client"] = fresh_client
-    report.server["chat"] = chat
-    report.server["profile"] = profile
-    plain_client = SpecClient(base_url, api_key, model, drafter=None, timeout=timeout, transport=transport)
-    model_options = {"draft_model": draft_model, "draft_device": draft_device}
+    report.server.update(fresh_client=fresh_client, chat=chat, profile=profile)
+    bench = _Bench(base_url, api_key, model, configs, timeout=timeout, transport=transport, profile=profile, price=price,
+                   draft_model=draft_model, draft_device=draft_device, fresh_client=fresh_client, chat=chat, oracle=oracle,
+                   server_bill=server_bill, progress=progress, total=len(prompts) * repeats * (1 + len(configs)))
+    try:
+        # 3. Untimed: the model's name, draft models loaded, the server's capabilities.
+        await bench.prepare(report)
+        # 4. Each prompt warmed up, then every configuration timed per repeat
+        #    and compared with plain's text of the same repeat.
+        for prompt in prompts:
+            await _bench_prompt(bench, report, prompt, repeats, max_tokens or prompt.max_tokens)
+    finally:
+        await bench.aclose()
+    return report
 
-    def new_client(c: Config) -> SpecClient:
-        options = model_options if c.drafter in ("llama", "hf") else {}
-        client = SpecClient(base_url, api_key, model, drafter=c.drafter, strategy=c.strategy, timeout=timeout, transport=transport, profile=profile,
-                            price=price, max_cost=c.max_cost, **options)
-        if len(configs) > 1:
+
+def _chat_prompts(prompts: Sequence[Prompt], progress: Callable[[str], None] | None) -> list[Prompt]:
+    """The prompts that have a chat form (none: ``PromptError``); the others are said to be skipped."""
+    raw = [p.name for p in prompts if p.messages is None]
+    chat_prompts = [p for p in prompts if p.messages is not None]
+    if not chat_prompts:
+        raise PromptError(f"--chat needs prompts written as chat turns; these are raw text: {', '.join(raw)}")
+    if raw and progress:
+        progress(f"skipped (raw text, no chat form): {', '.join(raw)}")
+    return chat_prompts
+
+
+class _Bench:
+    """One bench's settings and clients: plain's, and one per configuration
+    (a new one per run with ``fresh_client``)."""
+
+    def __init__(self, base_url: str, api_key: str | None, model: str | None, configs: Sequence[Config], *, timeout: float,
+                 transport: httpx.AsyncBaseTransport | None, profile: str, price: Price | None, draft_model: str | None, draft_device: str,
+                 fresh_client: bool, chat: bool, oracle: OracleFn | None, server_bill: Callable[[], Bill] | None,
+                 progress: Callable[[str], None] | None, total: int) -> None:
+        self.base_url, self.api_key, self.model, self.configs = base_url, api_key, model, configs
+        self.timeout, self.transport, self.profile, self.price = timeout, transport, profile, price
+        self.model_options = {"draft_model": draft_model, "draft_device": draft_device}
+        self.fresh_client, self.chat, self.oracle, self.server_bill, self.progress = fresh_client, chat, oracle, server_bill, progress
+        self.echo = False  # whether the server echoes prompts (its capabilities, once probed)
+        self.done, self.total = 0, total
+        self.plain = SpecClient(base_url, api_key, model, drafter=None, timeout=timeout, transport=transport)
+        self.spec = {c.label: self.new_client(c) for c in configs}
+        # The suffix drafter remembers a client's earlier outputs.  Each prompt and
+        # repeat starts with an empty memory, so no run drafts from an earlier run
+        # of the same prompt; the turns of a session (``Prompt.session``) share one.
+        self.memories: dict[tuple[str, int], SessionIndex] = {}
+
+    def new_client(self, c: Config) -> SpecClient:
+        options = self.model_options if c.drafter in ("llama", "hf") else {}
+        client = SpecClient(self.base_url, self.api_key, self.model, drafter=c.drafter, strategy=c.strategy, timeout=self.timeout,
+                            transport=self.transport, profile=self.profile, price=self.price, max_cost=c.max_cost, **options)
+        if len(self.configs) > 1:
             # Each configuration keeps its own profile, as a user who runs
             # only it would: one profile shared between them let the limited
             # ones' drafts tune the unlimited one (1.66x against 1.78x alone).
             client.profiles.root = profiles_dir() / f"bench-{re.sub(r'[^A-Za-z0-9.=-]+', '_', c.label)}"
         return client
 
-    spec_clients = {c.label: new_client(c) for c in configs}
-    # The suffix drafter remembers a client's earlier outputs.  Each prompt and
-    # repeat starts with an empty memory, so no run drafts from an earlier run
-    # of the same prompt; the turns of a session (``Prompt.session``) share one.
-    memories: dict[tuple[str, int], SessionIndex] = {}
-    try:
-        report.server.setdefault("model", await plain_client.ensure_model())
-        for client in spec_clients.values():
-            client.api.model = plain_client.model
-        for client in spec_clients.values():
-            await client.load_drafter()  # loading a draft model is not part of any timed run
-        if spec_clients:
-            first = next(iter(spec_clients.values()))
-            report.server["capabilities"] = asdict(await (first.probe_chat() if chat else first.probe()))
+    async def prepare(self, report: Report) -> None:
+        """The model's name, every draft model loaded and the server's
+        capabilities, in the report: none of it part of any timed run."""
+        report.server.setdefault("model", await self.plain.ensure_model())
+        for client in self.spec.values():
+            client.api.model = self.plain.model
+        for client in self.spec.values():
+            await client.load_drafter()
+        if self.spec:
+            first = next(iter(self.spec.values()))
+            report.server["capabilities"] = asdict(await (first.probe_chat() if self.chat else first.probe()))
         else:
             report.server["capabilities"] = {}
-        echo = bool(report.server["capabilities"].get("echo"))
-        total = len(prompts) * repeats * (1 + len(configs))
-        done = 0
-        for prompt in prompts:
-            budget = max_tokens or prompt.max_tokens
-            cold = await _warm_up(plain_client, prompt, chat)
-            cells = {"plain": Cell(prompt.name, prompt.workload, "plain")}
-            cells.update({c.label: Cell(prompt.name, prompt.workload, c.label, max_cost=c.max_cost) for c in configs})
-            report.cells.extend(cells.values())
-            order = ["plain", *[c.label for c in configs]]
-            for repeat in range(repeats):
-                shift = repeat % len(order)
-                texts: dict[str, str] = {}
-                for label in order[shift:] + order[:shift]:
-                    client = plain_client if label == "plain" else spec_clients[label]
-                    if fresh_client and label != "plain":
-                        await client.aclose()
-                        config = next(c for c in configs if c.label == label)
-                        client = spec_clients[label] = new_client(config)
-                        client.api.model = plain_client.model
-                        await client.load_drafter()  # a draft model's load is not timed either way
-                    if label != "plain":
-                        client.session_index = memories.setdefault((f"{label}/{prompt.session or prompt.name}", repeat), SessionIndex())
-                    billed_before = replace(server_bill()) if server_bill else None
-                    started = time.perf_counter()
-                    if chat:
-                        result: GenerationResult = await client.chat(prompt.messages, max_tokens=budget)  # type: ignore[arg-type]
-                    else:
-                        result = await client.generate(prompt.text, max_tokens=budget)
-                    wall = time.perf_counter() - started
-                    texts[label] = result.text
-                    if not cells[label].text:
-                        cells[label].text = result.text
-                    cells[label].runs.append(_run_of(wall, result, server_bill() if server_bill else None, billed_before))
-                    if label == "plain" and oracle is not None and cells["plain"].oracle is None:
-                        measured = measured_costs(wall, result.stats.first_text_s, result.stats.output_tokens, *cold)
-                        cells["plain"].oracle = oracle(prompt, result.text, measured, _limits(configs, report, result, cold[1], echo))
-                    done += 1
-                    if progress:
-                        progress(
-                            f"[{done}/{total}] {prompt.name} {label} #{repeat + 1}: {wall:.2f}s, "
-                            f"{result.stats.output_tokens} tokens, {result.stats.rounds} rounds"
-                        )
-                for label, text in texts.items():
-                    if label == "plain":
-                        continue
-                    divergence: Divergence | None
-                    if chat:  # no completions endpoint to ask about the position: any difference is a mismatch
-                        at = first_difference(texts["plain"], text)
-                        divergence = None if at is None else Divergence(at, texts["plain"][at : at + 20], text[at : at + 20], None, [])
-                    else:
-                        divergence = await explain(plain_client.api, prompt.text, texts["plain"], text)
-                    if divergence is not None:
-                        cells[label].divergences.append(divergence.describe())
-                        if not divergence.near_tie:
-                            cells[label].mismatches += 1
-                        if progress:
-                            progress(f"  {prompt.name} {label}: {divergence.describe()}")
-    finally:
-        await plain_client.aclose()
-        for client in spec_clients.values():
+        self.echo = bool(report.server["capabilities"].get("echo"))
+
+    async def client_for(self, label: str, prompt: Prompt, repeat: int) -> SpecClient:
+        """The client of ``label``'s run of ``prompt`` at ``repeat``, its
+        suffix memory that of the prompt's session at this repeat."""
+        if label == "plain":
+            return self.plain
+        client = self.spec[label]
+        if self.fresh_client:
             await client.aclose()
-    return report
+            config = next(c for c in self.configs if c.label == label)
+            client = self.spec[label] = self.new_client(config)
+            client.api.model = self.plain.model
+            await client.load_drafter()  # a draft model's load is not timed either way
+        client.session_index = self.memories.setdefault((f"{label}/{prompt.session or prompt.name}", repeat), SessionIndex())
+        return client
+
+    def say(self, line: str) -> None:
+        if self.progress:
+            self.progress(line)
+
+    async def aclose(self) -> None:
+        await self.plain.aclose()
+        for client in self.spec.values():
+            await client.aclose()
+
+
+async def _bench_prompt(bench: _Bench, report: Report, prompt: Prompt, repeats: int, budget: int) -> None:
+    """``prompt``'s cells: one untimed warm-up, then per repeat plain and
+    every configuration back to back, in an order that rotates with the
+    repeat, each speculative text compared with plain's."""
+    cold = await _warm_up(bench.plain, prompt, bench.chat)
+    cells = {"plain": Cell(prompt.name, prompt.workload, "plain")}
+    cells.update({c.label: Cell(prompt.name, prompt.workload, c.label, max_cost=c.max_cost) for c in bench.configs})
+    report.cells.extend(cells.values())
+    order = ["plain", *[c.label for c in bench.configs]]
+    for repeat in range(repeats):
+        shift = repeat % len(order)
+        texts: dict[str, str] = {}
+        for label in order[shift:] + order[:shift]:
+            client = await bench.client_for(label, prompt, repeat)
+            result, wall = await _timed_run(bench, report, client, prompt, cells, label, budget, cold)
+            texts[label] = result.text
+            bench.done += 1
+            bench.say(f"[{bench.done}/{bench.total}] {prompt.name} {label} #{repeat + 1}: {wall:.2f}s, "
+                      f"{result.stats.output_tokens} tokens, {result.stats.rounds} rounds")
+        await _compare(bench, prompt, texts, cells)
+
+
+async def _timed_run(bench: _Bench, report: Report, client: SpecClient, prompt: Prompt, cells: dict[str, Cell], label: str, budget: int,
+                     cold: tuple[float | None, int]) -> tuple[GenerationResult, float]:
+    """One timed run of ``prompt`` by ``client``, kept in its cell (and, on
+    plain's first, the copy-oracle of its answer); returns it and its seconds."""
+    billed_before = replace(bench.server_bill()) if bench.server_bill else None
+    started = time.perf_counter()
+    if bench.chat:
+        result: GenerationResult = await client.chat(prompt.messages, max_tokens=budget)  # type: ignore[arg-type]
+    else:
+        result = await client.generate(prompt.text, max_tokens=budget)
+    wall = time.perf_counter() - started
+    cell = cells[label]
+    if not cell.text:
+        cell.text = result.text
+    cell.runs.append(_run_of(wall, result, bench.server_bill() if bench.server_bill else None, billed_before))
+    if label == "plain" and bench.oracle is not None and cell.oracle is None:
+        measured = measured_costs(wall, result.stats.first_text_s, result.stats.output_tokens, *cold)
+        cell.oracle = bench.oracle(prompt, result.text, measured, _limits(bench.configs, report, result, cold[1], bench.echo))
+    return result, wall
+
+
+async def _compare(bench: _Bench, prompt: Prompt, texts: dict[str, str], cells: dict[str, Cell]) -> None:
+    """Each speculative text of a repeat against plain's: a difference is
+    kept in its cell, a mismatch unless it is at a near-tie."""
+    for label, text in texts.items():
+        if label == "plain":
+            continue
+        divergence: Divergence | None
+        if bench.chat:  # no completions endpoint to ask about the position: any difference is a mismatch
+            at = first_difference(texts["plain"], text)
+            divergence = None if at is None else Divergence(at, texts["plain"][at : at + 20], text[at : at + 20], None, [])
+        else:
+            divergence = await explain(bench.plain.api, prompt.text, texts["plain"], text)
+        if divergence is not None:
+            cells[label].divergences.append(divergence.describe())
+            if not divergence.near_tie:
+                cells[label].mismatches += 1
+            bench.say(f"  {prompt.name} {label}: {divergence.describe()}")
 
 
 def _limits(configs: Sequence[Config], report: Report, plain: GenerationResult, prompt_tokens: int, echo: bool) -> BillLimits | None:

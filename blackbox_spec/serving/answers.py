@@ -1,9 +1,9 @@
 """How ``bspec serve`` answers: a whole JSON answer, a stream of events, or
-the upstream's own answer passed through.
+an error (the upstream's own answer passed through is ``passthrough``'s).
 
 Every way out gives the caller's slot back and closes the upstream work,
-whenever the caller leaves: while queued (``admission``), before the first
-piece, mid-stream, or before a passed-through body is read.  Streams are
+whenever the caller leaves: while queued (:func:`admitted`), before the
+first piece, mid-stream, or before a passed-through body is read.  Streams are
 sent by :class:`EventStream`, which watches for the disconnect itself
 instead of leaning on the server's ASGI version (starlette's streaming
 response skips its background task under ASGI 2.4 when a send fails, and
@@ -19,9 +19,9 @@ import uuid
 from contextlib import aclosing, suppress
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
-from .._exceptions import BlackboxSpecError, TargetHTTPError, redact, redact_chunks
+from .._exceptions import BlackboxSpecError, TargetHTTPError
 from .._stats import GenerationResult, GenerationStats
-from .admission import Lease, disconnected
+from .admission import Admission, Busy, Lease, disconnected
 
 if TYPE_CHECKING:
     from ..client import GenerationStream, SpecClient
@@ -138,7 +138,7 @@ async def whole_response(proxy: "Proxy", request, client: "SpecClient", kind: st
 
     work = asyncio.ensure_future(generate())
     try:
-        if not await _first_of(work, request):
+        if not await first_of(work, request):
             proxy.metrics.disconnected += 1
             return JSONResponse({}, status_code=499)
         try:
@@ -147,7 +147,7 @@ async def whole_response(proxy: "Proxy", request, client: "SpecClient", kind: st
             proxy.metrics.failed += 1
             return error(exc.status_code if isinstance(exc, TargetHTTPError) else 502, proxy.redact(str(exc), key))
     finally:
-        await _stop(work)  # (cancelled here itself, as the server shuts down: the generation goes too)
+        await stop(work)  # (cancelled here itself, as the server shuts down: the generation goes too)
     answer = whole_answer(kind, client.model or "", result, prompt_tokens)
     return JSONResponse(answer, headers=spec_headers(result) if lease.speculating else {"x-bspec": BUSY})
 
@@ -164,13 +164,13 @@ async def stream_response(proxy: "Proxy", request, client: "SpecClient", kind: s
     counting = asyncio.ensure_future(proxy.prompt_tokens(client, kind, body, key)) if with_usage else None
     first_piece = asyncio.ensure_future(feed.get())
     try:
-        if not await _first_of(first_piece, request):
+        if not await first_of(first_piece, request):
             proxy.metrics.disconnected += 1
             raise _Gone()
         first = first_piece.result()
     except BaseException as exc:
         feed.cancel()
-        await _stop(first_piece)
+        await stop(first_piece)
         if counting is not None:
             counting.cancel()
         if isinstance(exc, _Gone):
@@ -219,54 +219,11 @@ async def _events(proxy: "Proxy", kind: str, model: str, first: str | BlackboxSp
         raise
 
 
-async def pass_through(proxy: "Proxy", request, raw: bytes, reason: str, lease: Lease):
-    """Forward the request unchanged and stream the answer back as it comes;
-    the slot is given back when that answer ends or the caller leaves."""
-    key = proxy.upstream_key(request)
-    headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}
-    if key and not proxy.has_own_key:
-        headers["authorization"] = f"Bearer {key}"  # the caller's own key: the proxy has none
-    path = request.url.path[len("/v1"):] if request.url.path.startswith("/v1") else request.url.path
-    upstream = proxy.upstream
-    upstream_request = upstream.build_request(request.method, proxy.base_url + path, content=raw or None, headers=headers, params=request.query_params)
-    sent = asyncio.ensure_future(upstream.send(upstream_request, stream=True))
-    try:
-        answered = await _first_of(sent, request)
-    finally:
-        await _stop(sent)
-    if not answered or sent.cancelled() or sent.exception() is not None:
-        lease.give_back()
-        if not answered:
-            proxy.metrics.disconnected += 1
-            if not sent.cancelled() and sent.exception() is None:
-                await sent.result().aclose()  # (it came as the caller left)
-            return error(499, "the client went away")
-        exc = sent.exception() if not sent.cancelled() else None
-        text = f"cannot reach the upstream: {exc or type(exc).__name__}"
-        return error(502, proxy.redact(text, key), headers={"x-bspec": f'passthrough; reason="{reason}"'})
-    response = sent.result()
-    secrets = [proxy.own_key, key]
-    kept = {k: redact(v, secrets) for k, v in response.headers.items() if k.lower() in ("content-type", "retry-after", "x-request-id")}
-    kept["x-bspec"] = f'passthrough; reason="{reason}"'
-
-    async def cleanup() -> None:
-        await response.aclose()  # nothing may keep an upstream connection it won't read
-        lease.give_back()
-
-    # Decoded bytes (aiter_bytes): a compressed upstream answer goes out
-    # uncompressed, since its content-encoding header is not copied.  The
-    # upstream's bytes, but never a key: an upstream that echoes the
-    # Authorization header in an error would show it.
-    body = redact_chunks(response.aiter_bytes(), secrets)
-    return EventStream(body, status=response.status_code, headers=kept, media_type=response.headers.get("content-type", "application/json"),
-                       cleanup=cleanup)
-
-
 class _Gone(Exception):
     """The caller left before the first piece."""
 
 
-async def _first_of(work: asyncio.Future, request) -> bool:
+async def first_of(work: asyncio.Future, request) -> bool:
     """Wait for ``work`` or the caller's disconnect: True if ``work`` ended first."""
     gone = asyncio.ensure_future(disconnected(request))
     try:
@@ -276,7 +233,7 @@ async def _first_of(work: asyncio.Future, request) -> bool:
     return work.done()
 
 
-async def _stop(work: asyncio.Future) -> None:
+async def stop(work: asyncio.Future) -> None:
     """Cancel ``work`` if it still runs, and wait until it has (its upstream requests closed)."""
     if not work.done():
         work.cancel()
@@ -284,6 +241,19 @@ async def _stop(work: asyncio.Future) -> None:
         await asyncio.wait({work})
     if work.done() and not work.cancelled():
         work.exception()  # (retrieved: an error of work nobody waits for is not logged as lost)
+
+
+async def admitted(admission: Admission, request, kind: str = "generation"):
+    """A lease on a slot, or the answer that says why there is none."""
+    try:
+        lease = await admission.admit(request, kind)
+    except Busy:
+        admission.metrics.rejected_busy += 1
+        return error(503, f"bspec serve is busy: {admission.max_queue} requests are already waiting", headers={"retry-after": "1"})
+    if lease is None:  # the caller left while queued: nothing was started
+        admission.metrics.disconnected += 1
+        return error(499, "the client went away")
+    return lease
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None):
