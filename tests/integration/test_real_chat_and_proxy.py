@@ -162,7 +162,7 @@ async def _with_prediction(target, base: str) -> float:
 
 def test_openai_sdk_with_a_prediction_through_bspec_serve_equals_llama_server(llama_target):
     """Exact; how much of the prediction is used is not asserted here: chat
-    side branches fail on llama-server (NOTES.md, "Eleventh session"), and
+    side branches fail on llama-server (docs/design.md, "Noticed"), and
     with a fresh profile 16% of the answer came from it, with a stored one
     over half."""
     proxy = Proxy(llama_target.base_url, None, client_options={"drafter": "suffix"})

@@ -2,7 +2,7 @@
 
 Each text is compared with one plain, non-streamed call to the same server
 (``bench.exactness.plain_answer``): the reference bspec matches.  The full
-run (50+ prompts, three strategies) is ``bench/exactness_real.py``.
+run (50+ prompts, three strategies) is ``benchmarks/exactness_real.py``.
 """
 
 from __future__ import annotations
