@@ -11,181 +11,87 @@
    head itself gives t + 1) with cross-entropy through the frozen, shared
    LM head.  A checkpoint after every epoch makes a run resumable.
 4. Held-out texts give top-1 / top-k accuracy per head.
+
+Steps 1 and 2 are :mod:`.train_data` (cached here, by
+:func:`corpus_sequences`), the corpus :mod:`.train_corpus`; this module
+trains and scores Medusa heads and the EAGLE head.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from .._exceptions import ConfigurationError
 from .heads import MedusaHeads, save_heads, target_identity
-
-Progress = Callable[[str, int, int], None]  # (what, done, total)
-
-
-@dataclass
-class Distilled:
-    """Cached training positions: ``hidden[i]`` is the target's last hidden
-    state after some token, and ``following[i, j]`` the token j + 1 places
-    later (j = 0 is the LM head's own guess), -1 past a text's end."""
-
-    hidden: torch.Tensor  # [N, H]
-    following: torch.Tensor  # [N, K + 1] int64
-
-    def __len__(self) -> int:
-        return len(self.hidden)
+from .train_corpus import (MORE_PROSE_SUBJECTS, PROSE_SUBJECTS, PROSE_TEMPLATES, SQL_TABLES, SQL_TEMPLATES,  # noqa: F401 (re-exported)
+                           offline_corpus)
+from .train_data import (Distilled, Progress, Sequences, distill, distill_sequences, greedy_continuations,  # noqa: F401 (re-exported)
+                         lm_head_agreement, prompt_key, server_continuations)
 
 
-def greedy_continuations(model: Any, tokenizer: Any, prompts: Sequence[str], max_tokens: int, progress: Progress | None = None) -> list[list[int]]:
-    """The target's own temperature-0 continuation of each prompt, as token
-    ids (its text re-tokenized could differ from what it wrote)."""
-    out = []
-    for i, prompt in enumerate(prompts):
-        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=True)["input_ids"].to(next(model.parameters()).device)
-        with torch.inference_mode():
-            written = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id)
-        out.append(written[0, ids.shape[1]:].tolist())
-        if progress is not None:
-            progress("continuations", i + 1, len(prompts))
-    return out
+def corpus_sequences(model: Any, tokenizer: Any, prompts: Sequence[str], out: Path, max_tokens: int, *,
+                     continuations_from: str | None = None, target: str = "the target",
+                     progress: Progress | None = None) -> tuple[Sequences, Sequences]:
+    """The target's texts of ``prompts``, split into training texts and the
+    held-out last tenth.  Both caches in ``out`` are keyed by prompt: more
+    prompts, or a new corpus version, compute only what no earlier run did.
+    The answers are the slow part (minutes to hours) and are kept apart, so
+    heads of another kind, or another target's folder, can start from them.
+    ``continuations_from``: a server running ``target`` writes the answers."""
+    keys = [prompt_key(p) for p in prompts]
+    answers = _cached_answers(model, tokenizer, prompts, keys, out / f"answers-{max_tokens}.json", max_tokens, continuations_from, progress)
+    stored, stored_keys = _cached_hidden(model, tokenizer, prompts, keys, answers, out / f"hidden-{max_tokens}.pt",
+                                         f"does {continuations_from or 'the server'} run {target}?", progress)
+    where = {key: i for i, key in enumerate(stored_keys)}
+    held = max(1, len(prompts) // 10)
+    return stored.pick([where[k] for k in keys[:-held]]), stored.pick([where[k] for k in keys[-held:]])
 
 
-def server_continuations(base_url: str, prompts: Sequence[str], max_tokens: int, *, api_key: str | None = None,
-                         concurrency: int = 16, progress: Progress | None = None) -> list[list[int]]:
-    """The same continuations from an OpenAI-compatible server that runs
-    this target (vLLM: ``return_tokens_as_token_ids`` gives the token ids
-    it wrote), ``concurrency`` at a time.  Whether the server's model *is*
-    the target is checked on the data afterwards (``lm_head_agreement``)."""
-    import asyncio
-
-    import httpx
-
-    async def run() -> list[list[int]]:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        async with httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=3600) as http:
-            listed = await http.get("/models")
-            listed.raise_for_status()
-            model = listed.json()["data"][0]["id"]
-            gate, done = asyncio.Semaphore(concurrency), [0]
-            answers: list[list[int]] = [[] for _ in prompts]
-
-            async def one(i: int, prompt: str) -> None:
-                async with gate:
-                    answer = await http.post("/completions", json={"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                                                                   "logprobs": 0, "return_tokens_as_token_ids": True})
-                answer.raise_for_status()
-                tokens = answer.json()["choices"][0]["logprobs"]["tokens"]
-                if not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
-                    raise ConfigurationError(f"{base_url} does not list token ids (return_tokens_as_token_ids): use vLLM, or leave --continuations-from out")
-                answers[i] = [int(t.removeprefix("token_id:")) for t in tokens]
-                done[0] += 1
-                if progress is not None:
-                    progress("continuations", done[0], len(prompts))
-
-            await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-            return answers
-
-    try:
-        return asyncio.run(run())
-    except httpx.HTTPError as e:
-        raise ConfigurationError(f"could not get continuations from {base_url}: {e.__class__.__name__}: {e}") from None
+def _cached_answers(model: Any, tokenizer: Any, prompts: Sequence[str], keys: list[str], path: Path, max_tokens: int,
+                    continuations_from: str | None, progress: Progress | None) -> dict[str, list[int]]:
+    """Every prompt's continuation (token ids) by key: those ``path`` lacks
+    are written now (by the server, or here) and added to it."""
+    answers = json.loads(path.read_text()) if path.exists() else {}
+    todo = [i for i, key in enumerate(keys) if key not in answers]
+    if todo:
+        asked = [prompts[i] for i in todo]
+        if continuations_from:
+            written = server_continuations(continuations_from, asked, max_tokens, progress=progress)
+        else:
+            written = greedy_continuations(model, tokenizer, asked, max_tokens, progress)
+        answers.update((keys[i], ids) for i, ids in zip(todo, written))
+        path.write_text(json.dumps(answers))
+    return answers
 
 
-def lm_head_agreement(lm_head: torch.nn.Module, data: "Distilled", batch: int = 512) -> float:
-    """How often the target's own next-token guess equals the data's next
-    token: ~1.0 for its own greedy text (fp32 here against fp32 there);
-    far less means the texts came from another model."""
-    hits = 0
-    with torch.inference_mode():
-        for i in range(0, len(data), batch):
-            h = data.hidden[i : i + batch].to(lm_head.weight.dtype)
-            hits += int((lm_head(h).argmax(-1) == data.following[i : i + batch, 0]).sum())
-    return hits / max(1, len(data))
-
-
-@dataclass
-class Sequences:
-    """Whole texts (prompt and continuation) as the target read them:
-    ``hidden[i]`` is its last hidden state after ``tokens[i]``; the texts lie
-    end to end, ``lengths[s]`` tokens each, the first ``prompt_lengths[s]``
-    of them the prompt's.  EAGLE trains on these (it attends over a text);
-    Medusa on the continuation's positions (:meth:`medusa`)."""
-
-    hidden: torch.Tensor  # [N, H]
-    tokens: torch.Tensor  # [N] int64
-    lengths: torch.Tensor  # [S] int64
-    prompt_lengths: torch.Tensor  # [S] int64
-
-    def pick(self, which: Sequence[int]) -> "Sequences":
-        """The texts numbered ``which``, in that order."""
-        which = torch.as_tensor(list(which), dtype=torch.long)
-        starts = torch.cumsum(self.lengths, 0) - self.lengths
-        rows = torch.cat([torch.arange(int(starts[i]), int(starts[i] + self.lengths[i])) for i in which]) if len(which) else torch.zeros(0, dtype=torch.long)
-        return Sequences(self.hidden[rows], self.tokens[rows], self.lengths[which], self.prompt_lengths[which])
-
-    @staticmethod
-    def join(parts: Sequence["Sequences"]) -> "Sequences":
-        return Sequences(*(torch.cat([getattr(p, name) for p in parts]) for name in ("hidden", "tokens", "lengths", "prompt_lengths")))
-
-    def texts(self):
-        """(hidden [T, H], tokens [T], prompt length) per text."""
-        start = 0
-        for length, prompt in zip(self.lengths.tolist(), self.prompt_lengths.tolist()):
-            yield self.hidden[start : start + length], self.tokens[start : start + length], prompt
-            start += length
-
-    def medusa(self, heads: int) -> Distilled:
-        """Positions from the prompt's last token on, each with the heads + 1
-        tokens that follow it (-1 past the text's end)."""
-        hidden_rows, following_rows = [], []
-        for states, tokens, prompt in self.texts():
-            length = len(tokens)
-            positions = torch.arange(prompt - 1, length - 1)
-            ahead = positions.unsqueeze(1) + torch.arange(1, heads + 2)
-            following_rows.append(torch.where(ahead < length, tokens[ahead.clamp(max=length - 1)], -1))
-            hidden_rows.append(states[positions])
-        return Distilled(torch.cat(hidden_rows), torch.cat(following_rows))
-
-
-def prompt_key(prompt: str) -> str:
-    """Names a prompt in the caches: the answers and hidden states of a
-    corpus that grows (or changes version) are computed once per prompt."""
-    return hashlib.sha256(prompt.encode()).hexdigest()[:20]
-
-
-def distill_sequences(model: Any, tokenizer: Any, prompts: Sequence[str], continuations: Sequence[Sequence[int]],
-                      progress: Progress | None = None) -> Sequences:
-    """One teacher-forced forward per prompt + continuation: the last hidden
-    state after every token."""
-    hidden_rows, token_rows, lengths, prompt_lengths = [], [], [], []
-    device = next(model.parameters()).device
-    for i, (prompt, answer_ids) in enumerate(zip(prompts, continuations)):
-        prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-        ids = torch.tensor([list(prompt_ids) + list(answer_ids)], device=device)
-        with torch.inference_mode():
-            # The decoder alone: the LM head over every position (151,936
-            # rows) is a quarter of a 0.5B forward, and nothing reads it here.
-            hidden_rows.append(model.get_decoder()(input_ids=ids).last_hidden_state[0].float().cpu())
-        token_rows.append(ids[0].cpu())
-        lengths.append(ids.shape[1])
-        prompt_lengths.append(len(prompt_ids))
-        if progress is not None:
-            progress("hidden states", i + 1, len(prompts))
-    return Sequences(torch.cat(hidden_rows), torch.cat(token_rows), torch.tensor(lengths), torch.tensor(prompt_lengths))
-
-
-def distill(model: Any, tokenizer: Any, prompts: Sequence[str], continuations: Sequence[Sequence[int]], heads: int, progress: Progress | None = None) -> Distilled:
-    """Hidden states and following tokens at every position of each
-    continuation (the prompt's last token included: it starts the answer)."""
-    return distill_sequences(model, tokenizer, prompts, continuations, progress).medusa(heads)
+def _cached_hidden(model: Any, tokenizer: Any, prompts: Sequence[str], keys: list[str], answers: dict[str, list[int]], path: Path,
+                   question: str, progress: Progress | None) -> tuple[Sequences, list[str]]:
+    """The hidden states of every prompt's text, and the key of each text
+    in them: those ``path`` lacks are computed now and appended to it (after
+    checking that the answers are this target's own: else ``question``)."""
+    stored, stored_keys = None, []
+    if path.exists():
+        saved = torch.load(path, weights_only=True)
+        stored, stored_keys = Sequences(**saved["sequences"]), list(saved["keys"])
+    have = set(stored_keys)
+    todo = [i for i, key in enumerate(keys) if key not in have]
+    if todo:
+        fresh = distill_sequences(model, tokenizer, [prompts[i] for i in todo], [answers[keys[i]] for i in todo], progress)
+        agreement = lm_head_agreement(model.get_output_embeddings(), fresh.medusa(1))
+        if agreement < 0.9:
+            raise ConfigurationError(f"the continuations are not this target's own greedy text (its next-token guess agrees with "
+                                     f"{agreement:.0%} of them): {question}")
+        stored = fresh if stored is None else Sequences.join([stored, fresh])
+        stored_keys += [keys[i] for i in todo]
+        torch.save({"keys": stored_keys, "sequences": stored.__dict__}, path)
+    return stored, stored_keys
 
 
 @dataclass
@@ -242,52 +148,76 @@ def train_medusa(
     optimizer = torch.optim.AdamW([p for p in medusa.blocks.parameters()], lr=lr)
     fingerprint = hashlib.sha256(train.following.numpy().tobytes()).hexdigest()[:16]
     checkpoint = out / "checkpoint.pt"
-    first_epoch, spent = 0, 0.0
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        if saved.get("fingerprint") != fingerprint or saved.get("heads") != heads:
-            raise ConfigurationError(f"{checkpoint} belongs to another training run (other data or head count); remove it to start again")
-        medusa.blocks.load_state_dict(saved["blocks"])
-        optimizer.load_state_dict(saved["optimizer"])
-        first_epoch, spent = int(saved["epoch"]), float(saved["seconds"])
+    first_epoch, spent = _resume_medusa(checkpoint, fingerprint, heads, medusa, optimizer)
     generator = torch.Generator().manual_seed(seed)
-    dtype = medusa.lm_head.weight.dtype
-    # The softmax runs over the tokens the data holds: every wanted token is
-    # among them, and the rest of the vocabulary is mostly never written.
-    seen = torch.unique(train.following[train.following >= 0])
-    rows = medusa.lm_head.weight.detach()[seen]
-    bias = getattr(medusa.lm_head, "bias", None)
-    rows_bias = None if bias is None else bias.detach()[seen]
-    index = torch.full((medusa.lm_head.weight.shape[0],), -1, dtype=torch.long)
-    index[seen] = torch.arange(len(seen))
-    steps = (len(train) + batch - 1) // batch
+    seen = _SeenTokens.of(medusa.lm_head, train.following)
     for epoch in range(first_epoch, epochs):
         started = time.perf_counter()
-        order = torch.randperm(len(train), generator=generator)
-        for step in range(steps):
-            pick = order[step * batch : (step + 1) * batch]
-            features = medusa.features(train.hidden[pick].to(dtype))  # [K, B, H]
-            logits = torch.nn.functional.linear(features, rows, rows_bias)  # [K, B, seen]
-            wanted = train.following[pick][:, 1 : heads + 1].T  # [K, B]
-            want = torch.where(wanted >= 0, index[wanted.clamp(min=0)], -1)
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), want.reshape(-1), ignore_index=-1)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            if progress is not None:
-                progress(f"epoch {epoch + 1}/{epochs}", step + 1, steps)
+        _medusa_epoch(medusa, optimizer, train, seen, heads, batch, generator, progress, f"epoch {epoch + 1}/{epochs}")
         spent += time.perf_counter() - started
         torch.save({"blocks": medusa.blocks.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
                     "seconds": spent, "fingerprint": fingerprint, "heads": heads}, checkpoint)
     scores = accuracy(medusa.eval(), held_out, k=10)
     details = {"hidden": hidden_size, "heads": heads, "epochs": epochs, "train_positions": len(train), "held_out_positions": len(held_out),
-               "trained_vocabulary": len(seen),
+               "trained_vocabulary": len(seen.tokens),
                "train_seconds": round(spent, 1), "held_out_top1": [round(a, 4) for a in scores.top1],
                f"held_out_top{scores.k}": [round(a, 4) for a in scores.topk], "lm_head_top1": round(scores.lm_head_top1, 4),
                "held_out_rank_accuracy": [[round(a, 4) for a in row] for row in scores.per_rank]}
     save_heads(out, medusa, "medusa", target_identity(model.config, tokenizer), **details)
     (out / "training.json").write_text(json.dumps(details, indent=1))
     return details
+
+
+def _resume_medusa(checkpoint: Path, fingerprint: str, heads: int, medusa: MedusaHeads, optimizer: torch.optim.Optimizer) -> tuple[int, float]:
+    """Load the checkpoint of an interrupted run on the same data, if any;
+    returns the epoch to go on from and the seconds spent so far."""
+    if not checkpoint.exists():
+        return 0, 0.0
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    if saved.get("fingerprint") != fingerprint or saved.get("heads") != heads:
+        raise ConfigurationError(f"{checkpoint} belongs to another training run (other data or head count); remove it to start again")
+    medusa.blocks.load_state_dict(saved["blocks"])
+    optimizer.load_state_dict(saved["optimizer"])
+    return int(saved["epoch"]), float(saved["seconds"])
+
+
+@dataclass
+class _SeenTokens:
+    """The softmax runs over the tokens the data holds: every wanted token is
+    among them, and the rest of the vocabulary is mostly never written."""
+
+    tokens: torch.Tensor  # [S] the token ids
+    rows: torch.Tensor  # [S, H] their LM head rows
+    bias: torch.Tensor | None  # [S]
+    index: torch.Tensor  # [vocabulary]: a token's place in ``tokens``, -1 if not there
+
+    @staticmethod
+    def of(lm_head: torch.nn.Module, following: torch.Tensor) -> "_SeenTokens":
+        seen = torch.unique(following[following >= 0])
+        bias = getattr(lm_head, "bias", None)
+        index = torch.full((lm_head.weight.shape[0],), -1, dtype=torch.long)
+        index[seen] = torch.arange(len(seen))
+        return _SeenTokens(seen, lm_head.weight.detach()[seen], None if bias is None else bias.detach()[seen], index)
+
+
+def _medusa_epoch(medusa: MedusaHeads, optimizer: torch.optim.Optimizer, train: Distilled, seen: _SeenTokens, heads: int, batch: int,
+                  generator: torch.Generator, progress: Progress | None, label: str) -> None:
+    """One pass over the training positions in a random order, ``batch`` at a time."""
+    dtype = medusa.lm_head.weight.dtype
+    steps = (len(train) + batch - 1) // batch
+    order = torch.randperm(len(train), generator=generator)
+    for step in range(steps):
+        pick = order[step * batch : (step + 1) * batch]
+        features = medusa.features(train.hidden[pick].to(dtype))  # [K, B, H]
+        logits = torch.nn.functional.linear(features, seen.rows, seen.bias)  # [K, B, seen]
+        wanted = train.following[pick][:, 1 : heads + 1].T  # [K, B]
+        want = torch.where(wanted >= 0, seen.index[wanted.clamp(min=0)], -1)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), want.reshape(-1), ignore_index=-1)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if progress is not None:
+            progress(label, step + 1, steps)
 
 
 def eagle_accuracy(head: Any, data: Sequences, k: int = 5) -> tuple[float, float]:
@@ -369,6 +299,111 @@ def _chain_losses(head: Any, inputs: torch.Tensor, tokens: torch.Tensor, wanted:
     return losses
 
 
+@dataclass
+class _EagleTrainer:
+    """An EAGLE head's training state: what one epoch and one checkpoint need."""
+
+    head: Any
+    optimizer: torch.optim.Optimizer
+    trainable: list[torch.nn.Parameter]
+    train: Sequences
+    checkpoint: Path
+    fingerprint: str  # of the training data: a checkpoint of other data is refused
+    noise: float
+    chain: int
+    classify: float
+    soft: bool
+    spent: float = 0.0  # seconds of training, over resumed runs
+    history: list[float] = field(default_factory=list)  # held-out top-1 after each epoch
+    scale: float = 0.0  # the features' mean magnitude: the noise's unit
+    labels: torch.Tensor | None = None  # hard labels: the target's next token at every position
+    generator: torch.Generator | None = None
+
+    def resume(self, init: Path | None, model: Any, tokenizer: Any) -> int:
+        """Load the checkpoint of an interrupted run on the same data, or
+        else start from ``init``'s head; returns the epoch to go on from."""
+        from .eagle import load_eagle
+
+        if not self.checkpoint.exists():
+            if init is not None:
+                started_from = load_eagle(init, model, tokenizer).trainable_state()
+                started_from.pop("vocab", None)  # this run's data decides it
+                self.head.load_state_dict(started_from, strict=False)
+            return 0
+        saved = torch.load(self.checkpoint, map_location="cpu", weights_only=True)
+        if saved.get("fingerprint") != self.fingerprint:
+            raise ConfigurationError(f"{self.checkpoint} belongs to another training run (other data); remove it to start again")
+        saved["head"].pop("vocab", None)  # derived from the data: this run's
+        self.head.load_state_dict(saved["head"], strict=False)
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.spent, self.history = float(saved["seconds"]), list(saved.get("held_out_top1_per_epoch", []))
+        return int(saved["epoch"])
+
+    def epoch(self, pieces: list[tuple[int, int]], batch: int, progress: Progress | None, label: str) -> None:
+        """One pass over the windows in a random order, ``batch`` at a time."""
+        steps = (len(pieces) + batch - 1) // batch
+        order = torch.randperm(len(pieces), generator=self.generator).tolist()
+        for step in range(steps):
+            self.optimizer.zero_grad()
+            for piece in order[step * batch : (step + 1) * batch]:
+                (self.piece_loss(*pieces[piece]) / batch).backward()
+            # EAGLE clips at 0.5: without it a run here fell from 0.47 to
+            # 0.02 held-out top-1 in its third epoch.
+            torch.nn.utils.clip_grad_norm_(self.trainable, 0.5)
+            self.optimizer.step()
+            if progress is not None:
+                progress(label, step + 1, steps)
+
+    def piece_loss(self, at: int, length: int) -> torch.Tensor:
+        """The chain's losses over one window of a text, its input features noised."""
+        dtype = self.head.lm_head.weight.dtype
+        states = self.train.hidden[at : at + length].to(dtype)
+        inputs = states[:-1] + (torch.rand(states[:-1].shape, generator=self.generator) * 2 - 1).to(dtype) * self.noise * self.scale
+        if self.soft:
+            with torch.no_grad():
+                wanted = torch.softmax(self.head.draft_logits(states[1:]).float(), dim=-1)
+        else:
+            wanted = self.labels[at + 1 : at + length]
+        return sum(_chain_losses(self.head, inputs, self.train.tokens[at + 1 : at + length], states[1:], wanted, self.chain, self.classify))
+
+    def save(self, epochs_done: int, held_out: Sequences) -> None:
+        """Score the epoch on the held-out texts and write the checkpoint."""
+        self.head.eval()
+        self.history.append(round(eagle_accuracy(self.head, held_out)[0], 4))  # a few seconds: shows when more epochs stop paying
+        self.head.train()
+        torch.save({"head": self.head.trainable_state(), "optimizer": self.optimizer.state_dict(), "epoch": epochs_done,
+                    "seconds": self.spent, "fingerprint": self.fingerprint, "held_out_top1_per_epoch": self.history}, self.checkpoint)
+
+
+def _draft_vocabulary(model: Any, train: Sequences) -> torch.Tensor:
+    """The data's tokens and the BPE's first merges (its most frequent
+    tokens, as EAGLE-3 keeps a frequent 32k): a narrow corpus alone missed
+    a quarter of an SQL answer's tokens."""
+    floor = torch.arange(min(DRAFT_VOCAB_FLOOR, model.get_output_embeddings().weight.shape[0]))
+    return torch.unique(torch.cat([train.tokens, floor]))
+
+
+def _hard_labels(head: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's own next token at every position, over the draft
+    vocabulary: the classification labels (in a continuation, the token
+    it wrote; in a prompt, what it would have written)."""
+    dtype = head.lm_head.weight.dtype
+    with torch.no_grad():  # not inference_mode: these feed the loss
+        return torch.cat([head.draft_logits(hidden[i : i + 2048].to(dtype)).argmax(-1) for i in range(0, len(hidden), 2048)])
+
+
+def _text_windows(lengths: torch.Tensor, window: int) -> list[tuple[int, int]]:
+    """(start, length) windows of whole texts, ``window`` pairs each at most
+    (a window of n pairs holds n + 1 positions)."""
+    pieces = []
+    start = 0
+    for length in lengths.tolist():
+        for offset in range(0, length - 1, window):
+            pieces.append((start + offset, min(window + 1, length - offset)))
+        start += length
+    return pieces
+
+
 def train_eagle(
     model: Any,
     tokenizer: Any,
@@ -401,293 +436,31 @@ def train_eagle(
     does, instead of its argmax alone: more signal per position.
     ``init``: an EAGLE heads folder for this target to start from (more
     data for a trained head costs epochs, not a run from scratch)."""
-    from .eagle import load_eagle, new_head
+    from .eagle import new_head
 
     out.mkdir(parents=True, exist_ok=True)
-    # The draft vocabulary: the data's tokens and the BPE's first merges
-    # (its most frequent tokens, as EAGLE-3 keeps a frequent 32k): a
-    # narrow corpus alone missed a quarter of an SQL answer's tokens.
-    floor = torch.arange(min(DRAFT_VOCAB_FLOOR, model.get_output_embeddings().weight.shape[0]))
-    vocab = torch.unique(torch.cat([train.tokens, floor]))
+    vocab = _draft_vocabulary(model, train)
     head = new_head(model, vocab)
-    dtype = head.lm_head.weight.dtype
     trainable = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=lr)
-    fingerprint = hashlib.sha256(train.tokens.numpy().tobytes()).hexdigest()[:16]
-    checkpoint = out / "checkpoint-eagle.pt"
-    first_epoch, spent = 0, 0.0
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        if saved.get("fingerprint") != fingerprint:
-            raise ConfigurationError(f"{checkpoint} belongs to another training run (other data); remove it to start again")
-        saved["head"].pop("vocab", None)  # derived from the data: this run's
-        head.load_state_dict(saved["head"], strict=False)
-        optimizer.load_state_dict(saved["optimizer"])
-        first_epoch, spent = int(saved["epoch"]), float(saved["seconds"])
-        history = list(saved.get("held_out_top1_per_epoch", []))
-    else:
-        history = []
-        if init is not None:
-            started_from = load_eagle(init, model, tokenizer).trainable_state()
-            started_from.pop("vocab", None)  # this run's data decides it
-            head.load_state_dict(started_from, strict=False)
-    scale = float(train.hidden[:4096].abs().mean())
-    # The target's own next token at every position, over the draft
-    # vocabulary: the classification labels (in a continuation, the token
-    # it wrote; in a prompt, what it would have written).
-    with torch.no_grad():  # not inference_mode: these feed the loss
-        labels = None if soft else torch.cat([head.draft_logits(train.hidden[i : i + 2048].to(dtype)).argmax(-1) for i in range(0, len(train.hidden), 2048)])
-    pieces = []  # (start, length) windows of whole texts
-    start = 0
-    for length in train.lengths.tolist():
-        for offset in range(0, length - 1, window):
-            pieces.append((start + offset, min(window + 1, length - offset)))
-        start += length
-    generator = torch.Generator().manual_seed(seed)
-    steps = (len(pieces) + batch - 1) // batch
+    trainer = _EagleTrainer(head, torch.optim.AdamW(trainable, lr=lr), trainable, train, out / "checkpoint-eagle.pt",
+                            hashlib.sha256(train.tokens.numpy().tobytes()).hexdigest()[:16], noise, chain, classify, soft)
+    first_epoch = trainer.resume(init, model, tokenizer)
+    trainer.scale = float(train.hidden[:4096].abs().mean())
+    trainer.labels = None if soft else _hard_labels(head, train.hidden)
+    pieces = _text_windows(train.lengths, window)
+    trainer.generator = torch.Generator().manual_seed(seed)
     head.train()
     for epoch in range(first_epoch, epochs):
         started = time.perf_counter()
-        order = torch.randperm(len(pieces), generator=generator).tolist()
-        for step in range(steps):
-            optimizer.zero_grad()
-            for piece in order[step * batch : (step + 1) * batch]:
-                at, length = pieces[piece]
-                states = train.hidden[at : at + length].to(dtype)
-                inputs = states[:-1] + (torch.rand(states[:-1].shape, generator=generator) * 2 - 1).to(dtype) * noise * scale
-                if soft:
-                    with torch.no_grad():
-                        wanted = torch.softmax(head.draft_logits(states[1:]).float(), dim=-1)
-                else:
-                    wanted = labels[at + 1 : at + length]
-                loss = sum(_chain_losses(head, inputs, train.tokens[at + 1 : at + length], states[1:], wanted, chain, classify))
-                (loss / batch).backward()
-            # EAGLE clips at 0.5: without it a run here fell from 0.47 to
-            # 0.02 held-out top-1 in its third epoch.
-            torch.nn.utils.clip_grad_norm_(trainable, 0.5)
-            optimizer.step()
-            if progress is not None:
-                progress(f"epoch {epoch + 1}/{epochs}", step + 1, steps)
-        spent += time.perf_counter() - started
-        head.eval()
-        history.append(round(eagle_accuracy(head, held_out)[0], 4))  # a few seconds: shows when more epochs stop paying
-        head.train()
-        torch.save({"head": head.trainable_state(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
-                    "seconds": spent, "fingerprint": fingerprint, "held_out_top1_per_epoch": history}, checkpoint)
+        trainer.epoch(pieces, batch, progress, f"epoch {epoch + 1}/{epochs}")
+        trainer.spent += time.perf_counter() - started
+        trainer.save(epoch + 1, held_out)
     head.eval()
     top1, top5 = eagle_accuracy(head, held_out)
     details = {"hidden": int(train.hidden.shape[1]), "epochs": epochs, "started_from": None if init is None else str(init),
                "train_positions": len(train.tokens), "held_out_positions": len(held_out.tokens),
-               "draft_vocabulary": len(vocab), "chain": chain, "labels": "soft" if soft else "hard", "train_seconds": round(spent, 1), "held_out_top1": [round(top1, 4)], "held_out_top5": [round(top5, 4)],
-               "held_out_top1_per_epoch": history}
+               "draft_vocabulary": len(vocab), "chain": chain, "labels": "soft" if soft else "hard", "train_seconds": round(trainer.spent, 1), "held_out_top1": [round(top1, 4)], "held_out_top5": [round(top5, 4)],
+               "held_out_top1_per_epoch": trainer.history}
     save_heads(out, head, "eagle", target_identity(model.config, tokenizer), **details)
     (out / "training-eagle.json").write_text(json.dumps(details, indent=1))
     return details
-
-
-# The corpus is at version c4 (notes and bench results name versions; the
-# caches are keyed by each prompt, so a new version reuses every answer and
-# hidden state it shares with an old one).
-
-# Subjects for prose instructions; none is a bench prompt's (those are what
-# the heads are measured on, so they stay out of the training data).
-PROSE_SUBJECTS = (
-    "a clockmaker's apprentice", "a city garden on a rooftop", "the first snow of winter", "a lost library card",
-    "a night train across the desert", "a robot learning to paint", "an old bridge being repaired", "a beekeeper's morning",
-    "a chess club in a small town", "a ship's cook during a storm", "a map with a missing island", "a bakery at dawn",
-    "a violin found in an attic", "a mountain weather station", "a market that opens at midnight", "a letter never sent",
-    "a cat that rides the tram", "the last day of school", "a repair shop for radios", "a kite festival",
-    "compound interest", "how vaccines train the immune system", "why the sky is blue", "how a hash table works",
-    "public-key cryptography", "the water cycle", "how a compiler parses code", "photosynthesis",
-    "how GPS finds a position", "garbage collection in managed languages", "the causes of inflation", "how DNS resolves a name",
-    "binary search", "version control with git", "how an electric motor works", "the difference between threads and processes",
-    "unit testing", "how a refrigerator keeps food cold", "recursion", "the history of the printing press",
-)
-# More subjects (version c4): prose was the heads' weakest kind after c3.
-MORE_PROSE_SUBJECTS = (
-    "a fisherman who hears singing under the ice", "a girl who repairs bicycles", "a detective who cannot smell", "a town without clocks",
-    "an astronaut's first night home", "a dog waiting at a station", "a gardener who grows only blue flowers", "a museum guard at night",
-    "two rivals on a long bus ride", "a scientist whose experiment talks back", "a farmer during a drought", "a child who collects keys",
-    "a translator at a peace conference", "a baker who forgets a recipe", "a postman in a mountain village", "a magician's last show",
-    "an old tree in a city square", "a sailor lost in fog", "a new teacher's first week", "a lighthouse turned into a hotel",
-    "how airplanes stay in the air", "how batteries store energy", "how the heart pumps blood", "why leaves change colour",
-    "how a search engine ranks pages", "how solar panels work", "supply and demand", "how earthquakes happen",
-    "how a CPU executes instructions", "how memory caches speed up programs", "what an API is", "how encryption protects messages",
-    "how databases use indexes", "how a neural network learns", "the difference between TCP and UDP", "how web browsers render a page",
-    "how a bill becomes a law", "why we sleep", "how tides work", "how antibiotics work",
-    "good habits for writing readable code", "planning a small vegetable garden", "saving money on groceries", "learning a new language",
-    "preparing for a job interview", "keeping a houseplant alive", "running a first 5k", "organising a small team meeting",
-    "writing a clear email", "debugging a program step by step", "choosing a laptop", "reducing food waste",
-    "sorting algorithms", "the history of the internet", "climate and weather", "the solar system",
-    "the Roman aqueducts", "the invention of the telephone", "volcanoes", "coral reefs",
-)
-PROSE_TEMPLATES = (
-    "Write a short story (about 120 words) about {}.",
-    "Explain {} to a curious teenager, in two short paragraphs.",
-    "List six facts or ideas about {}, one per line, each with a short reason.",
-    "Write a four-line poem about {}.",
-    "Write a short newsletter paragraph about {}.",
-    "Give five tips about {}, as a numbered list.",
-)
-
-# Tables for SQL requests (the bench's sql prompt uses customers/orders,
-# which stay out): (schema, questions about it).
-SQL_TABLES = (
-    ("employees(id, name, department_id, salary, hired_at) and departments(id, name)",
-     ("the average salary per department, highest first", "the three most recently hired employees in each department",
-      "departments with more than ten employees", "employees who earn more than their department's average")),
-    ("products(id, name, category, price) and order_items(id, order_id, product_id, quantity)",
-     ("the five best-selling products by quantity", "total revenue per category", "products that were never ordered",
-      "the most expensive product in each category")),
-    ("students(id, name, year) and grades(id, student_id, course, score)",
-     ("each student's average score", "the top student in every course", "students who failed at least two courses",
-      "the number of students per year with an average above 80")),
-    ("books(id, title, author_id, published_year) and authors(id, name, country)",
-     ("authors with more than three books", "the newest book of every author", "the number of books per country",
-      "books published in the same year as another book by the same author")),
-    ("flights(id, origin, destination, departs_at, price) and bookings(id, flight_id, passenger, booked_at)",
-     ("the ten busiest routes by bookings", "flights with no bookings", "the average price per origin airport",
-      "passengers who booked more than five flights in 2023")),
-    ("posts(id, user_id, title, created_at) and comments(id, post_id, user_id, body, created_at)",
-     ("the posts with the most comments", "users who commented on their own posts", "the number of posts per month in 2024",
-      "posts without any comment in their first week")),
-    ("patients(id, name, born_on) and visits(id, patient_id, doctor, visited_at, cost)",
-     ("total cost per patient", "each doctor's number of distinct patients", "patients with no visit in the last year",
-      "the month with the most visits")),
-    ("films(id, title, rating, length) and rentals(id, film_id, customer_id, rented_at, returned_at)",
-     ("the most rented film per rating", "rentals returned late, after seven days", "the average rental length per film",
-      "customers who rented the same film twice")),
-    ("sensors(id, location) and readings(id, sensor_id, value, taken_at)",
-     ("the latest reading of every sensor", "the daily average per location", "sensors silent for the last 24 hours",
-      "the three highest readings per sensor")),
-    ("users(id, email, signed_up_at) and logins(id, user_id, logged_in_at, ip)",
-     ("users who never logged in", "the number of logins per day for the last week", "users seen from more than three IPs",
-      "the first login of every user")),
-)
-SQL_TEMPLATES = ("Write an SQL query that returns {q}, from tables {t}. Explain it briefly.",
-                 "Using tables {t}, write an SQL query for {q}. Add a comment to each clause.")
-
-_EDIT = "Reply with the complete updated code in one code block and nothing else.\n\n"
-
-
-def _stdlib_instructions(stdlib: Path) -> list[str]:
-    """Chat instructions about the standard library's modules and functions
-    (summaries of their docstrings, functions to write from one-line specs)."""
-    import ast
-
-    out = []
-    for path in sorted(stdlib.glob("*.py")):
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        doc = ast.get_docstring(tree)
-        if doc and len(doc) > 120:
-            out.append(f"Summarize what this Python module does, in plain words:\n\n{doc[:700]}")
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-                line = (ast.get_docstring(node) or "").strip().split("\n")[0]
-                if len(line) > 20:
-                    args = ", ".join(a.arg for a in node.args.args)
-                    out.append(f"Write a Python function `{node.name}({args})` that does this: {line} Add a docstring and a short example.")
-    return out
-
-
-def _stdlib_functions(stdlib: Path, *, shortest: int = 6, longest: int = 30):
-    """(name, source, source without its docstring) of the standard library's
-    top-level functions of ``shortest``..``longest`` lines."""
-    import ast
-
-    for path in sorted(stdlib.glob("*.py")):
-        try:
-            text = path.read_text(encoding="utf-8")
-            tree = ast.parse(text)
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        lines = text.splitlines(keepends=True)
-        for node in tree.body:
-            if not isinstance(node, ast.FunctionDef) or not shortest <= node.end_lineno - node.lineno + 1 <= longest:
-                continue
-            source = "".join(lines[node.lineno - 1 : node.end_lineno])
-            bare = source
-            first = node.body[0]
-            if ast.get_docstring(node) and len(node.body) > 1:
-                cut = set(range(first.lineno - node.lineno, first.end_lineno - node.lineno + 1))
-                bare = "".join(line for i, line in enumerate(source.splitlines(keepends=True)) if i not in cut)
-            yield node.name, source, bare
-
-
-def _stdlib_edits(stdlib: Path) -> list[str]:
-    """Code-edit requests on standard-library functions, in turn: type
-    hints, docstrings, a rename, a port to JavaScript (the answers copy
-    most of the prompt, as users' edits do, and the port writes JS)."""
-    out = []
-    for i, (name, source, bare) in enumerate(_stdlib_functions(stdlib)):
-        task = i % 4
-        if task == 0:
-            out.append(f"Add type hints to this function. {_EDIT}```python\n{source}```")
-        elif task == 1:
-            out.append(f"Add a one-line docstring to this function. {_EDIT}```python\n{bare}```")
-        elif task == 2:
-            out.append(f"Rename the function `{name}` to `{name}_impl` everywhere. {_EDIT}```python\n{source}```")
-        else:
-            out.append(f"Port this function to JavaScript. Reply with the JavaScript in one code block and nothing else.\n\n```python\n{bare}```")
-    return out
-
-
-def _stdlib_questions(stdlib: Path) -> list[str]:
-    """Open questions about the standard library's public modules and
-    packages: the answers are prose with a little code, as most chat is."""
-    names = sorted({p.stem for p in stdlib.glob("*.py")} | {p.name for p in stdlib.iterdir() if (p / "__init__.py").exists()})
-    names = [n for n in names if not n.startswith("_") and n != "this"]
-    return [template.format(n) for template in (
-        "What is Python's `{}` module for? Explain in two short paragraphs, with one small example.",
-        "List five things to know before using Python's `{}` module, one per line, each with a short reason.",
-    ) for n in names]
-
-
-def offline_corpus(count: int, *, lines: int = 30) -> list[str]:
-    """Prompts that exist on every machine, in a fixed order, so a large
-    corpus needs no download: in turn, the opening of one of Python's own
-    standard-library modules (``lines`` lines each; then its packages'
-    modules, tests included: ~13,000 files), a chat instruction about the
-    standard library, a prose instruction, an open question about a
-    standard-library module, code edits of standard-library functions, an
-    SQL request and another prose instruction (the target's answers to
-    those are what free-form and code-edit requests look like).  Sources
-    that run out drop out of the turn.  The bench's own prompts are left
-    out: they are what heads are measured on."""
-    import sysconfig
-
-    from ..bench.workloads import chatml
-
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    top = sorted(stdlib.glob("*.py"))
-    deeper = sorted(p for p in stdlib.rglob("*.py") if p.parent != stdlib and "site-packages" not in p.parts)
-
-    def openings():
-        for path in top + deeper:
-            try:
-                text = "".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[:lines])
-            except (OSError, UnicodeDecodeError):
-                continue
-            if len(text.strip()) > 40:
-                yield text
-
-    instructions = iter(chatml(text) for text in _stdlib_instructions(stdlib))
-    prose = itertools.chain((chatml(t.format(s)) for t in PROSE_TEMPLATES for s in PROSE_SUBJECTS),
-                            (chatml(t.format(s)) for t in PROSE_TEMPLATES for s in MORE_PROSE_SUBJECTS))
-    questions = iter(chatml(text) for text in _stdlib_questions(stdlib))
-    edits = iter(chatml(text) for text in _stdlib_edits(stdlib))
-    sql = iter(chatml(template.format(q=q, t=t)) for template in SQL_TEMPLATES for t, questions in SQL_TABLES for q in questions)
-    # Prose twice a turn: the heads' weakest kind (c3's bench figures).
-    sources = [openings(), instructions, prose, questions, edits, edits, sql, prose]
-    corpus: dict[str, None] = {}  # ordered, without repeats
-    while len(corpus) < count and sources:
-        for source in list(sources):
-            text = next(source, None)
-            if text is None:
-                sources.remove(source)
-            elif len(corpus) < count:
-                corpus[text] = None
-    return list(corpus)
