@@ -98,10 +98,21 @@ class FanoutVerifier:
         started = time.perf_counter()
         segment = plan.segment_chars or max(1, len(draft) // max(1, plan.width))
         offsets = likely_boundaries(draft, plan.width, segment, getattr(self.api, "trims_trailing", False)) if draft else [0]
+        results, broken, cancelled = await self._run_chain(context, draft, offsets, plan.tokens_per_request)
+        verdict = chain_verdict(results, broken, draft, offsets, cancelled)
+        verdict.proposed_units = max(verdict.draft_units, round(len(draft) / 4))
+        verdict.seconds = time.perf_counter() - started
+        return verdict
+
+    async def _run_chain(self, context: str, draft: str, offsets: list[int], max_tokens: int) -> tuple[list[Completion | None], int, int]:
+        """All requests at once; each one that finishes may break the chain,
+        and those past the break are cancelled while still in flight.  The
+        completions (None where cancelled), the index of the request that
+        ends the chain, and how many were cancelled."""
         results: list[Completion | None] = [None] * len(offsets)
         tasks = {
             asyncio.ensure_future(
-                self.api.complete(context + draft[:o], max_tokens=plan.tokens_per_request, logprobs=1)
+                self.api.complete(context + draft[:o], max_tokens=max_tokens, logprobs=1)
             ): i
             for i, o in enumerate(offsets)
         }
@@ -139,29 +150,34 @@ class FanoutVerifier:
                 if not task.done():
                     cancel_once(task)
             await asyncio.gather(*tasks, return_exceptions=True)
+        return results, broken, cancelled
 
-        verdict = Verdict([], calls=len(offsets), cancelled=cancelled)
-        for r in results:
-            if r is not None:
-                add_usage(verdict.usage, r.usage)
-        for i in range(broken + 1):
-            r = results[i]
-            if r is None or r.units is None:
-                raise TargetResponseError("the server sent no logprobs for generated tokens")
-            if i < broken:
-                verdict.units += units_through(r.units, draft, offsets[i], offsets[i + 1]) or []
-                continue
-            verdict.draft_units = len(verdict.units)
-            tail = complete_units(r.units)
-            # Whatever of the tail still follows the draft counts as accepted draft.
-            pos = offsets[i]
-            for unit in tail:
-                if not draft.startswith(unit.text, pos) or not unit.text:
-                    break
-                verdict.draft_units += 1
-                pos += len(unit.text)
-            verdict.units += tail
-            verdict.eos = r.eos and len(tail) == len(r.units)
-        verdict.proposed_units = max(verdict.draft_units, round(len(draft) / 4))
-        verdict.seconds = time.perf_counter() - started
-        return verdict
+
+def chain_verdict(results: list[Completion | None], broken: int, draft: str, offsets: list[int], cancelled: int) -> Verdict:
+    """The verdict of a chain that ``broken`` ends: each request before it
+    contributes its draft segment, request ``broken`` its whole output (as
+    far as it follows the draft, accepted draft), and the usage of every
+    request that answered."""
+    verdict = Verdict([], calls=len(offsets), cancelled=cancelled)
+    for r in results:
+        if r is not None:
+            add_usage(verdict.usage, r.usage)
+    for i in range(broken + 1):
+        r = results[i]
+        if r is None or r.units is None:
+            raise TargetResponseError("the server sent no logprobs for generated tokens")
+        if i < broken:
+            verdict.units += units_through(r.units, draft, offsets[i], offsets[i + 1]) or []
+            continue
+        verdict.draft_units = len(verdict.units)
+        tail = complete_units(r.units)
+        # Whatever of the tail still follows the draft counts as accepted draft.
+        pos = offsets[i]
+        for unit in tail:
+            if not draft.startswith(unit.text, pos) or not unit.text:
+                break
+            verdict.draft_units += 1
+            pos += len(unit.text)
+        verdict.units += tail
+        verdict.eos = r.eos and len(tail) == len(r.units)
+    return verdict
