@@ -4,7 +4,7 @@ the shape that one takes (pure functions).
 vLLM answers ``/v1/completions`` with ``echo`` and ``logprobs`` with the
 prompt's tokens, their logprobs and their top candidates ahead of the
 answer's (the legacy completions ``logprobs`` lists); everything that reads
-an echo (``_target._split_echo``) reads that.  SGLang's ``/v1/completions``
+an echo (``_target_answers._split_echo``) reads that.  SGLang's ``/v1/completions``
 echo gives no prompt logprobs (its documentation warns that echo does not
 go with logprobs); its native ``/generate`` at the server's root scores the
 prompt instead: ``return_logprob`` with ``logprob_start_len`` 0 lists
@@ -31,7 +31,7 @@ from ._resume_align import Aligned, align_prompt
 from ._tokens import AlignmentError, Unit
 
 if TYPE_CHECKING:
-    from ._target import Completion
+    from ._target_answers import Completion
 
 # The forms a scoring call may take, tried in this order by the probe
 # (``server_probe.scoring_call``).  "together" is asked as "echo" is and

@@ -346,35 +346,24 @@ def _align(text: str, tokens: list[str], logprobs: list, tops: list, partial: bo
     # that lists only tokens that leave the text whole (llama.cpp) has no
     # token for the text just before it either.
     cut_tail = len(shown) < len(text)
-    data = shown.encode("utf-8", "surrogatepass")
-    spans = _Spans(data, partial, cut_tail, exact, covered=prompt)
-    size = len(data)
+    spans = _Spans(shown.encode("utf-8", "surrogatepass"), partial, cut_tail, exact, covered=prompt)
+    layers = _placements(tokens, spans, anchors, syncs)
+    live = _live_placements(layers, spans)
+    return _units_at_cuts(live, spans, shown, tokens, logprobs, tops)
 
-    # 1. Every placement, token by token: states (byte, run) after i tokens,
-    #    with the states they came from.
-    layers: list[dict[tuple[int, tuple[int, ...]], set]] = [{(0, ()): set()}]
+
+_State = tuple[int, tuple[int, ...]]  # (byte, run): where the tokens so far end (see ``_Spans``)
+
+
+def _placements(tokens: list[str], spans: _Spans, anchors: dict[int, tuple[int, bool]], syncs: list[tuple[int, int, int]]) -> list[dict[_State, set]]:
+    """1. Every placement, token by token: states (byte, run) after i tokens,
+    with the states they came from."""
+    size = spans.size
+    layers: list[dict[_State, set]] = [{(0, ()): set()}]
     followers = _followers(tokens)
     reach = reads = 0  # the furthest byte any placement reached, and how far a token reads past its start
     for i, token in enumerate(tokens):
-        nxt: dict[tuple[int, tuple[int, ...]], set] = {}
-        special = looks_special(token)
-        for state in layers[-1]:
-            b, run = state
-            if special and not (b != _PENDING and data.startswith(token.encode("utf-8", "surrogatepass"), b)):
-                nxt.setdefault(state, set()).add(state)  # zero-width
-                continue
-            if token == "" and b != _PENDING and b < size and followers[i] is not None:
-                j = followers[i]
-                for e, new_run in spans.hidden_ends(b, run, tokens[j] if j < n else None, j - i - 1):
-                    nxt.setdefault((e, new_run), set()).add(state)
-                continue
-            for e in spans.ends(token, b, run):
-                # Current vLLM shows "" for a token that ends inside a
-                # character and puts its text on the one that completes it:
-                # remember where such tokens began (up to the 4 it looks back).
-                hidden = token == "" and e not in (_PENDING, b) and not spans.boundary(e)
-                new_run = ((*run, b) if hidden else ())[-4:] if e != b else run
-                nxt.setdefault((e, new_run), set()).add(state)
+        nxt = _next_states(i, tokens, followers, layers[-1], spans)
         if not nxt:
             raise AlignmentError(f"token {i} ({token!r}) does not fit the text after byte {_furthest(layers[-1])}")
         if i + 1 in anchors:
@@ -391,11 +380,42 @@ def _align(text: str, tokens: list[str], logprobs: list, tops: list, partial: bo
                 # placed read no byte from ``reach + reads`` on: a text that
                 # begins with the same bytes up to there aligns the same way.
                 syncs.append((i + 1, b, reach + reads))
+    return layers
 
-    # 2. The placements that explain the whole text (or, streaming, all of
-    #    what was shown), walked back to keep only the states on them.
-    def complete(state: tuple[int, tuple[int, ...]]) -> bool:
-        return state[0] in (size, _PENDING) or (cut_tail and state[0] != _PENDING and spans.boundary(state[0]))
+
+def _next_states(i: int, tokens: list[str], followers: list[int | None], states: dict[_State, set], spans: _Spans) -> dict[_State, set]:
+    """The states token ``i`` can end in from each of ``states``, each with
+    the states it came from."""
+    data, size, n, token = spans.data, spans.size, len(tokens), tokens[i]
+    nxt: dict[_State, set] = {}
+    special = looks_special(token)
+    for state in states:
+        b, run = state
+        if special and not (b != _PENDING and data.startswith(token.encode("utf-8", "surrogatepass"), b)):
+            nxt.setdefault(state, set()).add(state)  # zero-width
+            continue
+        if token == "" and b != _PENDING and b < size and followers[i] is not None:
+            j = followers[i]
+            for e, new_run in spans.hidden_ends(b, run, tokens[j] if j < n else None, j - i - 1):
+                nxt.setdefault((e, new_run), set()).add(state)
+            continue
+        for e in spans.ends(token, b, run):
+            # Current vLLM shows "" for a token that ends inside a
+            # character and puts its text on the one that completes it:
+            # remember where such tokens began (up to the 4 it looks back).
+            hidden = token == "" and e not in (_PENDING, b) and not spans.boundary(e)
+            new_run = ((*run, b) if hidden else ())[-4:] if e != b else run
+            nxt.setdefault((e, new_run), set()).add(state)
+    return nxt
+
+
+def _live_placements(layers: list[dict[_State, set]], spans: _Spans) -> list[set]:
+    """2. The placements that explain the whole text (or, streaming, all of
+    what was shown), walked back to keep only the states on them."""
+    size, n = spans.size, len(layers) - 1
+
+    def complete(state: _State) -> bool:
+        return state[0] in (size, _PENDING) or (spans.cut_tail and state[0] != _PENDING and spans.boundary(state[0]))
 
     live: list[set] = [set() for _ in layers]
     live[n] = {s for s in layers[n] if complete(s)}
@@ -404,10 +424,14 @@ def _align(text: str, tokens: list[str], logprobs: list, tops: list, partial: bo
     for i in range(n, 0, -1):
         for state in live[i]:
             live[i - 1] |= layers[i][state]
+    return live
 
-    # 3. Cuts that every placement agrees on, at character boundaries.
-    positions = [{s[0] for s in live[i]} for i in range(n + 1)]
-    cuts = [i for i in range(n + 1) if len(positions[i]) == 1 and _PENDING not in positions[i] and spans.boundary(next(iter(positions[i])))]
+
+def _units_at_cuts(live: list[set], spans: _Spans, shown: str, tokens: list[str], logprobs: list, tops: list) -> list[Unit]:
+    """3. Cuts that every placement agrees on, at character boundaries: the
+    tokens between two cuts are one unit."""
+    positions = [{s[0] for s in live[i]} for i in range(len(tokens) + 1)]
+    cuts = [i for i in range(len(tokens) + 1) if len(positions[i]) == 1 and _PENDING not in positions[i] and spans.boundary(next(iter(positions[i])))]
     chars = _char_index(shown)
     units: list[Unit] = []
     for i, j in zip(cuts, cuts[1:]):
@@ -417,23 +441,7 @@ def _align(text: str, tokens: list[str], logprobs: list, tops: list, partial: bo
             for k in range(i, j):  # zero-width: special tokens, one unit each
                 units.append(Unit("", 1, start, special=True, matches=position_matches(tokens[k], logprobs[k], tops[k])))
             continue
-        sizes = steps = None
-        if all(len(positions[k]) == 1 for k in range(i, j + 1)):
-            ends = [next(iter(positions[k])) for k in range(i, j + 1)]
-            sizes = tuple(b - a for a, b in zip(ends, ends[1:]))
-        shown_to, steps_list = b0, []
-        for k in range(i + 1, j + 1):
-            at = positions[k]
-            if not any(b == _PENDING or spans.boundary(b) for b in at):
-                steps_list.append("")  # ends inside a character in every placement: held back
-            elif len(at) == 1:
-                b = next(iter(at))
-                steps_list.append(shown[chars[shown_to] : chars[b]])
-                shown_to = b
-            else:
-                break
-        else:
-            steps = tuple(steps_list)
+        sizes, steps = _sizes_and_steps(positions, i, j, shown, chars, spans)
         if j == i + 1 and not is_opaque(tokens[i]) and tokens[i] == piece:
             match = position_matches(tokens[i], logprobs[i], tops[i])
             units.append(Unit(piece, 1, start, matches=match, correction=None if match else _readable_top(tops[i]), sizes=sizes, steps=steps))
@@ -442,6 +450,31 @@ def _align(text: str, tokens: list[str], logprobs: list, tops: list, partial: bo
             # the target's choice there is unreadable: no correction either.
             units.append(Unit(piece, j - i, start, matches=False, sizes=sizes, steps=steps))
     return units
+
+
+def _sizes_and_steps(positions: list[set], i: int, j: int, shown: str, chars: dict[int, int],
+                     spans: _Spans) -> tuple[tuple[int, ...] | None, tuple[str, ...] | None]:
+    """Of the unit of tokens ``i`` to ``j``: each token's size in bytes, and
+    the text each shows (``""``: held back inside a character), where every
+    placement agrees on them (else None)."""
+    sizes = steps = None
+    if all(len(positions[k]) == 1 for k in range(i, j + 1)):
+        ends = [next(iter(positions[k])) for k in range(i, j + 1)]
+        sizes = tuple(b - a for a, b in zip(ends, ends[1:]))
+    shown_to, steps_list = next(iter(positions[i])), []
+    for k in range(i + 1, j + 1):
+        at = positions[k]
+        if not any(b == _PENDING or spans.boundary(b) for b in at):
+            steps_list.append("")  # ends inside a character in every placement: held back
+        elif len(at) == 1:
+            b = next(iter(at))
+            steps_list.append(shown[chars[shown_to] : chars[b]])
+            shown_to = b
+        else:
+            break
+    else:
+        steps = tuple(steps_list)
+    return sizes, steps
 
 
 def _anchored(states: dict, at: int, alone: bool) -> dict:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, NamedTuple
 
 from ._exceptions import PromptError, TargetError, TargetHTTPError, TargetResponseError
 from ._target import THREAD_CHARS, Completion, StreamEnd, StreamPiece, TargetAPI, Usage
@@ -472,66 +472,12 @@ async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: fl
     """Does the server continue ``check.partial`` into ``check.rest``, under
     which fields, and may its template and prompt logprobs be trusted?
     (``round_trip``: None takes the continuation's own time.)"""
-    partial, rest = check.partial, check.rest
-
-    async def continued(fields: dict[str, Any], message: dict[str, Any]) -> Completion | None:
-        """The answer to the prefilled message in this form; None: refused."""
-        try:
-            return await api.chat(continued_messages(_PROBE_MESSAGES, partial, message), max_tokens=check.rest_tokens, extra=fields)
-        except TargetHTTPError as exc:
-            if exc.status_code not in _REFUSALS:
-                raise
-            return None
-
-    async def prompt_tokens(content: str, fields: dict[str, Any], message: dict[str, Any]) -> int:
-        c = await api.chat(continued_messages(_PROBE_MESSAGES, content, message), max_tokens=1, extra=fields)
-        return c.usage.prompt_tokens
-
-    async def trims(fields: dict[str, Any], message: dict[str, Any]) -> str | None:
-        """Which whitespace the template strips from a prefilled message:
-        "leading" (and maybe trailing), "trailing" or "none".  None: no
-        usage to tell by."""
-        # (Leading spaces and tabs in turn: no vocabulary merges them with
-        # the template's text before them, as "\n" may be with its "\n".)
-        lead = " \t" * 4
-        texts = ("1 2", "1 2\n\n", lead + "1 2", lead + "1 2\n\n")
-        bare, spaced, led, led_spaced = await asyncio.gather(*(prompt_tokens(t, fields, message) for t in texts))
-        if not bare:
-            return None
-        return "leading" if led <= bare else "trailing" if spaced <= bare or led_spaced <= led else "none"
-
-    async def prompt_logprobs(fields: dict[str, Any], message: dict[str, Any]) -> bool:
-        try:
-            prefilled = continued_messages(_PROBE_MESSAGES, partial, message)
-            echoed = await api.chat(prefilled, max_tokens=1, logprobs=True, extra={**fields, "prompt_logprobs": 1})
-            return echoed.prompt_logprobs is not None and content_start(prompt_positions(echoed.prompt_logprobs)[0], partial) is not None
-        except (TargetHTTPError, TargetResponseError, TypeError, KeyError, ValueError, AttributeError):
-            return False
-
-    # vLLM's and SGLang's fields first, with the checks that depend on them
-    # at once (one round trip, not three, on the servers that take them:
-    # a fresh process pays for this probe); then the other forms
-    # (``CONTINUE_FORMS``), where they were refused or not honoured.  A
-    # profile's check tries its own form first.
-    answered = ""
-    known = (check.prefill, check.prefill_message) if check.prefill is not None else None
-    for fields, message in sorted(CONTINUE_FORMS, key=lambda form: form != known):
-        checks = asyncio.gather(trims(fields, message), prompt_logprobs(fields, message))
-        answer = None
-        try:
-            answer = await continued(fields, message)
-            if answer is not None and answer.text in (rest, partial + rest):
-                trimmed, echoes = await checks
-                break
-        finally:
-            if not checks.done():  # not needed (or the continuation failed): no stray calls left behind
-                checks.cancel()
-            await asyncio.gather(checks, return_exceptions=True)
-        answered = answer.text if answer is not None else answered
-    else:
+    found, answered = await _find_continuing_form(api, check)
+    if found is None:
         return ChatSupport(True, None, False, round_trip or 0.0,
-                           f"the server does not continue a partial assistant message (asked to continue {partial!r}, it answered {answered[:40]!r})")
-    prefill, repeats = dict(fields), answer.text != rest
+                           f"the server does not continue a partial assistant message (asked to continue {check.partial!r}, it answered {answered[:40]!r})")
+    fields, message, answer, trimmed, echoes = found.fields, found.message, found.answer, found.trimmed, found.echoes
+    prefill, repeats = dict(fields), answer.text != check.rest
     if trimmed is None:
         reason: str | None = "the server reports no usage, so whether its chat template keeps whitespace can't be checked"
     elif trimmed == "leading":
@@ -544,3 +490,79 @@ async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: fl
     # (Prompt logprobs score the message as sent: not where its end is trimmed.)
     return ChatSupport(True, prefill, echoes and reason is None and not trailing, seconds, reason, repeats_prefill=repeats, check=kept,
                        prefill_message=dict(message), trims_trailing=trailing)
+
+
+class _ContinuingForm(NamedTuple):
+    """A form under which the server continued the probe's message."""
+
+    fields: dict[str, Any]  # the request's
+    message: dict[str, Any]  # the prefilled message's
+    answer: Completion
+    trimmed: str | None  # which whitespace the template strips (``_template_trims``)
+    echoes: bool  # prompt logprobs score the prefilled message
+
+
+async def _find_continuing_form(api: TargetAPI, check: ContinueCheck) -> tuple[_ContinuingForm | None, str]:
+    """The first form (``CONTINUE_FORMS``) under which the server continues
+    ``check.partial`` into ``check.rest``; None where none does, with the
+    last answer's text."""
+    # vLLM's and SGLang's fields first, with the checks that depend on them
+    # at once (one round trip, not three, on the servers that take them:
+    # a fresh process pays for this probe); then the other forms
+    # (``CONTINUE_FORMS``), where they were refused or not honoured.  A
+    # profile's check tries its own form first.
+    answered = ""
+    known = (check.prefill, check.prefill_message) if check.prefill is not None else None
+    for fields, message in sorted(CONTINUE_FORMS, key=lambda form: form != known):
+        checks = asyncio.gather(_template_trims(api, fields, message), _scores_prefill(api, check.partial, fields, message))
+        answer = None
+        try:
+            answer = await _continued(api, check, fields, message)
+            if answer is not None and answer.text in (check.rest, check.partial + check.rest):
+                trimmed, echoes = await checks
+                return _ContinuingForm(fields, message, answer, trimmed, echoes), answered
+        finally:
+            if not checks.done():  # not needed (or the continuation failed): no stray calls left behind
+                checks.cancel()
+            await asyncio.gather(checks, return_exceptions=True)
+        answered = answer.text if answer is not None else answered
+    return None, answered
+
+
+async def _continued(api: TargetAPI, check: ContinueCheck, fields: dict[str, Any], message: dict[str, Any]) -> Completion | None:
+    """The answer to the prefilled message in this form; None: refused."""
+    try:
+        return await api.chat(continued_messages(_PROBE_MESSAGES, check.partial, message), max_tokens=check.rest_tokens, extra=fields)
+    except TargetHTTPError as exc:
+        if exc.status_code not in _REFUSALS:
+            raise
+        return None
+
+
+async def _prompt_tokens(api: TargetAPI, content: str, fields: dict[str, Any], message: dict[str, Any]) -> int:
+    c = await api.chat(continued_messages(_PROBE_MESSAGES, content, message), max_tokens=1, extra=fields)
+    return c.usage.prompt_tokens
+
+
+async def _template_trims(api: TargetAPI, fields: dict[str, Any], message: dict[str, Any]) -> str | None:
+    """Which whitespace the template strips from a prefilled message:
+    "leading" (and maybe trailing), "trailing" or "none".  None: no
+    usage to tell by."""
+    # (Leading spaces and tabs in turn: no vocabulary merges them with
+    # the template's text before them, as "\n" may be with its "\n".)
+    lead = " \t" * 4
+    texts = ("1 2", "1 2\n\n", lead + "1 2", lead + "1 2\n\n")
+    bare, spaced, led, led_spaced = await asyncio.gather(*(_prompt_tokens(api, t, fields, message) for t in texts))
+    if not bare:
+        return None
+    return "leading" if led <= bare else "trailing" if spaced <= bare or led_spaced <= led else "none"
+
+
+async def _scores_prefill(api: TargetAPI, partial: str, fields: dict[str, Any], message: dict[str, Any]) -> bool:
+    """Do prompt logprobs score the prefilled message, at its content?"""
+    try:
+        prefilled = continued_messages(_PROBE_MESSAGES, partial, message)
+        echoed = await api.chat(prefilled, max_tokens=1, logprobs=True, extra={**fields, "prompt_logprobs": 1})
+        return echoed.prompt_logprobs is not None and content_start(prompt_positions(echoed.prompt_logprobs)[0], partial) is not None
+    except (TargetHTTPError, TargetResponseError, TypeError, KeyError, ValueError, AttributeError):
+        return False

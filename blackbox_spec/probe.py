@@ -100,41 +100,66 @@ async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, .
     is probed on chat alone."""
     report = ProbeReport(api.base_url, api.model or "")
     prompt = FILLER * 2
+    if not await _probe_logprobs(api, report, prompt):
+        await probe_chat_forms(api, report, chat_probe)
+        return report
+    report.round_trip_s = statistics.median([await _timed(api.complete(prompt, max_tokens=1)) for _ in range(repeats + 1)])
+    long = statistics.median([await _timed(api.complete(prompt, max_tokens=33)) for _ in range(repeats)])
+    report.decode_s_per_token = max(0.0, (long - report.round_trip_s) / 32)
+    await _probe_echo(api, report, prompt, repeats, contexts)
+    await _probe_fanout(api, report, prompt, repeats, widths)
+    try:
+        report.stop_rule = await probe_stop_rule(api)
+    except TargetError as exc:
+        report.notes.append(f"stop rule probe failed: {exc}")
+    if chat:
+        await probe_chat_forms(api, report, chat_probe)
+    return report
+
+
+async def _probe_logprobs(api: TargetAPI, report: ProbeReport, prompt: str) -> bool:
+    """Whether the server returns logprobs that fit its text, onto
+    ``report``; False where it has no completions endpoint (404)."""
     try:
         first = await api.complete(prompt, max_tokens=2, logprobs=1)
         report.logprobs = bool(first.units)
     except TargetHTTPError as exc:
         if exc.status_code == 404:
             report.completions = False
-            await probe_chat_forms(api, report, chat_probe)
-            return report
+            return False
         report.notes.append(f"logprobs refused: {exc}")
         await api.complete(prompt, max_tokens=2)
     except AlignmentError as exc:
         report.notes.append(f"logprobs came, but their token strings do not fit the text ({exc}): nothing can be speculated on them")
-    report.round_trip_s = statistics.median([await _timed(api.complete(prompt, max_tokens=1)) for _ in range(repeats + 1)])
-    long = statistics.median([await _timed(api.complete(prompt, max_tokens=33)) for _ in range(repeats)])
-    report.decode_s_per_token = max(0.0, (long - report.round_trip_s) / 32)
+    return True
 
+
+async def _probe_echo(api: TargetAPI, report: ProbeReport, prompt: str, repeats: int, contexts: tuple[int, ...]) -> None:
+    """Whether one call scores a whole prompt, in which form, and its
+    seconds per context token (a least-squares slope over ``contexts``)."""
     echoed = await scoring_call(api, prompt)  # completions echo (vLLM's, Together's), else SGLang's or TGI's /generate
     report.echo, report.scoring = echoed is not None, api.scoring if echoed is not None else None
     if echoed is None:
         report.notes.append("echo not offered: neither a completions echo nor SGLang's or TGI's /generate returned prompt logprobs")
-    if echoed is not None:
-        tokens_per_filler = max(1, echoed.usage.prompt_tokens // 2)
-        for n in contexts:
-            text = FILLER * max(1, round(n / tokens_per_filler))
-            seconds = []
-            for _ in range(repeats):
-                c = await api.complete(text, max_tokens=1, logprobs=1, echo=True)
-                seconds.append(c.elapsed)
-            report.echo_s[c.usage.prompt_tokens] = round(statistics.median(seconds), 4)
-        xs, ys = list(report.echo_s), list(report.echo_s.values())
-        if len(xs) >= 2:
-            mx, my = statistics.fmean(xs), statistics.fmean(ys)
-            spread = sum((x - mx) ** 2 for x in xs)
-            report.echo_s_per_context_token = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / spread if spread else None
+        return
+    tokens_per_filler = max(1, echoed.usage.prompt_tokens // 2)
+    for n in contexts:
+        text = FILLER * max(1, round(n / tokens_per_filler))
+        seconds = []
+        for _ in range(repeats):
+            c = await api.complete(text, max_tokens=1, logprobs=1, echo=True)
+            seconds.append(c.elapsed)
+        report.echo_s[c.usage.prompt_tokens] = round(statistics.median(seconds), 4)
+    xs, ys = list(report.echo_s), list(report.echo_s.values())
+    if len(xs) >= 2:
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        spread = sum((x - mx) ** 2 for x in xs)
+        report.echo_s_per_context_token = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / spread if spread else None
 
+
+async def _probe_fanout(api: TargetAPI, report: ProbeReport, prompt: str, repeats: int, widths: tuple[int, ...]) -> None:
+    """Seconds for ``w`` concurrent continuations, and the gain in tokens
+    per second against one."""
     for width in widths:
         seconds = []
         for _ in range(repeats):
@@ -145,13 +170,6 @@ async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, .
     base = report.fanout_s.get(1)
     if base:
         report.fanout_gain = {w: round(w * base / s, 3) for w, s in report.fanout_s.items()}
-    try:
-        report.stop_rule = await probe_stop_rule(api)
-    except TargetError as exc:
-        report.notes.append(f"stop rule probe failed: {exc}")
-    if chat:
-        await probe_chat_forms(api, report, chat_probe)
-    return report
 
 
 async def probe_chat_forms(api: TargetAPI, report: ProbeReport, chat_probe: Callable[[], Awaitable[ChatSupport]] | None = None) -> None:
