@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from .tree import ROOT, DraftTree
 # EAGLE-2's dynamic tree on a CPU: each depth expands the `EXPAND` likeliest
 # new nodes by their path's confidence, each offering its `EXPAND` best
 # children; the `NODES` likeliest of all are verified.  (The paper's GPU
-# defaults: 10 / 10 / 60.)  Measured with bench/local_target.py.
+# defaults: 10 / 10 / 60.)  Measured with benchmarks/local_target.py.
 DEFAULT_DEPTH = 5
 DEFAULT_EXPAND = 4
 DEFAULT_NODES = 16
@@ -211,6 +211,16 @@ class _Node:
     score: float  # log of the path's confidence
 
 
+@dataclass
+class _TreeRows:
+    """The head's keys and values of a round's tree rows, in the order they
+    ran, and which node each row is (dropped after the round)."""
+
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+    nodes: list[int] = field(default_factory=list)
+
+
 class EagleProposer:
     """Trees from an EAGLE head (a :class:`~.tree_engine.TreeProposer`).
 
@@ -237,73 +247,97 @@ class EagleProposer:
 
     def propose(self, features: torch.Tensor, following: torch.Tensor, sampling: SamplingParams,
                 generator: torch.Generator) -> tuple[DraftTree, torch.Tensor]:
-        head = self.head
-        device, dtype = head.lm_head.weight.device, head.lm_head.weight.dtype
-        vocab_size = head.lm_head.weight.shape[0]
+        """See :meth:`.tree_engine.TreeProposer.propose`; ``generator`` is
+        unused: the candidates are picked, not drawn."""
+        weight = self.head.lm_head.weight
         with torch.inference_mode():
             # 1. Confirm the new pairs (f_j, x_{j+1}): the target's own
             #    features of the tokens accepted since the last round, the
             #    newest paired with the pending token (the tree's root).
-            L = len(features)
-            positions = torch.arange(self.length, self.length + L, device=device).unsqueeze(0)
-            allowed = torch.cat([torch.ones((L, self.length), dtype=torch.bool, device=device), causal(L, device)], dim=1)
-            out, new = head(features.to(dtype).unsqueeze(0), following.to(device).unsqueeze(0), positions, allowed, self.past)
-            self.past = new if self.past is None else (torch.cat([self.past[0], new[0]], 2), torch.cat([self.past[1], new[1]], 2))
-            self.length += L
-            confirmed = self.length
-
+            root_feature = self._confirm(features, following)
             # 2. Grow the tree depth by depth (EAGLE-2): the root's children,
             #    then the children of the likeliest new nodes by the
             #    product of confidences along their path.
-            drafted: list[_Node] = []
-            frontier = [(ROOT, 0.0, out[0, -1])]  # (node, score, predicted feature after it)
-            tree_k: list[torch.Tensor] = []  # the tree rows' keys/values, in the order they ran
-            tree_v: list[torch.Tensor] = []
-            ran: list[int] = []  # which node each tree row is
-            for depth in range(1, self.depth + 1):
-                scores = self._confidences(torch.stack([f for _, _, f in frontier]), sampling)
-                top = scores.topk(min(self.expand, scores.shape[-1]), dim=-1)
-                born = []
-                for (parent, score, _), values, picks in zip(frontier, top.values.tolist(), top.indices.tolist()):
-                    for value, pick in zip(values, picks):
-                        if value == -math.inf:
-                            continue
-                        drafted.append(_Node(int(head.vocab[pick]), parent, depth, score + value))
-                        born.append(len(drafted) - 1)
-                if depth == self.depth or not born:
-                    break
-                chosen = heapq.nlargest(self.expand, born, key=lambda i: drafted[i].score)
-                # Run the chosen nodes: each sees the confirmed rows, its
-                # ancestors' tree rows and itself, at its depth's position.
-                rows = len(ran)
-                allowed = torch.zeros((len(chosen), confirmed + rows + len(chosen)), dtype=torch.bool, device=device)
-                allowed[:, :confirmed] = True
-                parent_feature = {node: f for node, _, f in frontier}
-                for r, node in enumerate(chosen):
-                    ancestor = drafted[node].parent
-                    while ancestor != ROOT:
-                        allowed[r, confirmed + ran.index(ancestor)] = True
-                        ancestor = drafted[ancestor].parent
-                    allowed[r, confirmed + rows + r] = True
-                inputs = torch.stack([parent_feature[drafted[n].parent] for n in chosen]).unsqueeze(0)
-                tokens = torch.tensor([[drafted[n].token for n in chosen]], device=device)
-                positions = torch.tensor([[confirmed - 1 + depth for _ in chosen]], device=device)
-                past = self.past if not ran else (torch.cat([self.past[0], *tree_k], 2), torch.cat([self.past[1], *tree_v], 2))
-                out, new = head(inputs, tokens, positions, allowed, past)
-                tree_k.append(new[0])
-                tree_v.append(new[1])
-                ran.extend(chosen)
-                frontier = [(node, drafted[node].score, out[0, r]) for r, node in enumerate(chosen)]
-
+            drafted = self._grow(root_feature, sampling)
             # 3. Keep the likeliest nodes (a child never scores above its
             #    parent, so the kept set holds every kept node's parent),
             #    parents first.
-            kept = sorted(heapq.nlargest(self.nodes, range(len(drafted)), key=lambda i: (drafted[i].score, -drafted[i].depth)),
-                          key=lambda i: (drafted[i].depth, i))
-            self.drafted, self.kept = drafted, kept  # for traces and tests: every node's path confidence
-            where = {node: i for i, node in enumerate(kept)}
-            tokens_out = torch.tensor([drafted[n].token for n in kept], dtype=torch.int64)
-            parents_out = torch.tensor([ROOT if drafted[n].parent == ROOT else where[drafted[n].parent] for n in kept], dtype=torch.int64)
-        tree = DraftTree(tokens_out, parents_out)
-        q = nn.functional.one_hot(tree.tokens, vocab_size).to(dtype)
+            tokens, parents = self._keep(drafted)
+        tree = DraftTree(tokens, parents)
+        q = nn.functional.one_hot(tree.tokens, weight.shape[0]).to(weight.dtype)
         return tree, q
+
+    def _confirm(self, features: torch.Tensor, following: torch.Tensor) -> torch.Tensor:
+        """Step 1: the head reads the new pairs into its cache; the feature
+        it predicts after the newest (the root's)."""
+        head = self.head
+        device, dtype = head.lm_head.weight.device, head.lm_head.weight.dtype
+        L = len(features)
+        positions = torch.arange(self.length, self.length + L, device=device).unsqueeze(0)
+        allowed = torch.cat([torch.ones((L, self.length), dtype=torch.bool, device=device), causal(L, device)], dim=1)
+        out, new = head(features.to(dtype).unsqueeze(0), following.to(device).unsqueeze(0), positions, allowed, self.past)
+        self.past = new if self.past is None else (torch.cat([self.past[0], new[0]], 2), torch.cat([self.past[1], new[1]], 2))
+        self.length += L
+        return out[0, -1]
+
+    def _grow(self, root_feature: torch.Tensor, sampling: SamplingParams) -> list[_Node]:
+        """Step 2: every node drafted, depth by depth, parents before children."""
+        drafted: list[_Node] = []
+        frontier = [(ROOT, 0.0, root_feature)]  # (node, score, predicted feature after it)
+        rows = _TreeRows()
+        for depth in range(1, self.depth + 1):
+            born = self._expand(frontier, drafted, depth, sampling)
+            if depth == self.depth or not born:
+                break
+            chosen = heapq.nlargest(self.expand, born, key=lambda i: drafted[i].score)
+            out = self._run(chosen, {node: f for node, _, f in frontier}, drafted, depth, rows)
+            frontier = [(node, drafted[node].score, out[0, r]) for r, node in enumerate(chosen)]
+        return drafted
+
+    def _expand(self, frontier: list[tuple[int, float, torch.Tensor]], drafted: list[_Node], depth: int, sampling: SamplingParams) -> list[int]:
+        """Each frontier node's ``expand`` likeliest children, appended to
+        ``drafted`` at ``depth``; their indices there."""
+        scores = self._confidences(torch.stack([f for _, _, f in frontier]), sampling)
+        top = scores.topk(min(self.expand, scores.shape[-1]), dim=-1)
+        born = []
+        for (parent, score, _), values, picks in zip(frontier, top.values.tolist(), top.indices.tolist()):
+            for value, pick in zip(values, picks):
+                if value == -math.inf:
+                    continue
+                drafted.append(_Node(int(self.head.vocab[pick]), parent, depth, score + value))
+                born.append(len(drafted) - 1)
+        return born
+
+    def _run(self, chosen: list[int], parent_feature: dict[int, torch.Tensor], drafted: list[_Node], depth: int, rows: "_TreeRows") -> torch.Tensor:
+        """Run the chosen nodes through the head, each with its parent's
+        predicted feature: each sees the confirmed rows, its ancestors' tree
+        rows and itself, at its depth's position.  Their predicted features
+        [1, len(chosen), H]; their keys and values join ``rows``."""
+        device, confirmed, ran = self.head.lm_head.weight.device, self.length, rows.nodes
+        allowed = torch.zeros((len(chosen), confirmed + len(ran) + len(chosen)), dtype=torch.bool, device=device)
+        allowed[:, :confirmed] = True
+        for r, node in enumerate(chosen):
+            ancestor = drafted[node].parent
+            while ancestor != ROOT:
+                allowed[r, confirmed + ran.index(ancestor)] = True
+                ancestor = drafted[ancestor].parent
+            allowed[r, confirmed + len(ran) + r] = True
+        inputs = torch.stack([parent_feature[drafted[n].parent] for n in chosen]).unsqueeze(0)
+        tokens = torch.tensor([[drafted[n].token for n in chosen]], device=device)
+        positions = torch.tensor([[confirmed - 1 + depth for _ in chosen]], device=device)
+        past = self.past if not ran else (torch.cat([self.past[0], *rows.keys], 2), torch.cat([self.past[1], *rows.values], 2))
+        out, new = self.head(inputs, tokens, positions, allowed, past)
+        rows.keys.append(new[0])
+        rows.values.append(new[1])
+        ran.extend(chosen)
+        return out
+
+    def _keep(self, drafted: list[_Node]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 3: the kept nodes' tokens and parents (indices into the kept)."""
+        kept = sorted(heapq.nlargest(self.nodes, range(len(drafted)), key=lambda i: (drafted[i].score, -drafted[i].depth)),
+                      key=lambda i: (drafted[i].depth, i))
+        self.drafted, self.kept = drafted, kept  # for traces and tests: every node's path confidence
+        where = {node: i for i, node in enumerate(kept)}
+        tokens = torch.tensor([drafted[n].token for n in kept], dtype=torch.int64)
+        parents = torch.tensor([ROOT if drafted[n].parent == ROOT else where[drafted[n].parent] for n in kept], dtype=torch.int64)
+        return tokens, parents

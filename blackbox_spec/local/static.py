@@ -1,10 +1,10 @@
 """The fast path of local target mode: a static KV cache for Qwen2 / Llama
 decoders, in the manner of gpt-fast.
 
-:class:`~.engine.CachedLM` drives transformers' own forward with a
+:class:`~.eager.CachedLM` drives transformers' own forward with a
 ``DynamicCache``: each step concatenates every layer's keys and values,
 rejected tokens are cropped out, and a forward is ~2,000 small kernel
-launches (the H200 profile in ``bench/results/local-cuda-h200``).  Here:
+launches (the H200 profile in ``benchmarks/results/local-cuda-h200``).  Here:
 
 - **one buffer per layer**, ``[rows, kv_heads, capacity, head_dim]``,
   allocated once per request; a token's slot is its position, so a
@@ -60,7 +60,7 @@ def static_unsupported(model: Any) -> str | None:
 
 class StaticLM:
     """A Qwen2/Llama causal LM over a static KV cache, with
-    :class:`~.engine.CachedLM`'s interface: ``rows`` continuations of one
+    :class:`~.eager.CachedLM`'s interface: ``rows`` continuations of one
     prompt, each row at its own length (no holes are stored: a slot is a
     position).
 
