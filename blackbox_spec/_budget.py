@@ -31,7 +31,7 @@ DEFAULT_MAX_COST = 2.0
 # there is no room for both.  Measured on the hosted sim, real edits (a
 # ~470-token prompt, ~250 tokens out, fresh process each): at limits of
 # 1.3 and 1.6 every process spent ~1.31x plain's bill, all of it on its
-# probe, and sent no speculative request (docs/results/bill-40).
+# probe, and sent no speculative request (docs/results.md, "The bill").
 PLAIN_BELOW = 2.0
 # A request's cost is an estimate (its prompt's tokens from characters, the
 # output a cancelled stream bills): weighed this much higher, so the bill

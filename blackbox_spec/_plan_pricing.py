@@ -280,7 +280,7 @@ def billed_outlook(
     passes its limit by at most what that group cost; weighed on the text
     so far alone, the answer's opening copy never fit a limit of 2 (hosted
     sim, real edits: 1.02x at 1.68x plain's bill, then 1.17x at 2.02x;
-    ``docs/results/bill-40``)."""
+    ``docs/results.md``, "The bill")."""
     price = budget.price
     best, best_rate = None, 0.0
     if outlook is not None and plan_affordable(budget, outlook.plan, context_tokens, chars_per_token):

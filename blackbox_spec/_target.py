@@ -26,7 +26,6 @@ import httpx
 from ._exceptions import TargetConnectionError, TargetResponseError
 from ._bill import PromptSizes, StreamTally, record_answer
 from ._resume_align import Aligned
-from ._retry import RetryPolicy
 from ._scoring import sglang_as_echo, sglang_body, tgi_as_echo, tgi_body, together_as_echo
 from ._target_answers import (  # noqa: F401 (fold_specials: imported from here too)
     Completion,
@@ -61,20 +60,8 @@ _GENERATE_FORMS = {"sglang": (sglang_body, sglang_as_echo), "tgi": (tgi_body, tg
 class TargetAPI(ServerTokenizer):
     """A thin async client for the completions endpoint."""
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None,
-        model: str | None,
-        *,
-        http_client: httpx.AsyncClient | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-        timeout: float = 600.0,
-        retries: RetryPolicy | None = None,
-        max_in_flight: int | None = None,
-    ) -> None:
-        super().__init__(base_url, api_key, model, http_client=http_client, transport=transport, timeout=timeout, retries=retries,
-                         max_in_flight=max_in_flight)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # TargetHTTP's settings: url, key, model, client, retries
         # How one call scores a whole prompt (``_scoring.SCORING_FORMS``): vLLM's
         # completions echo (or Together's, as its answers show), SGLang's or
         # TGI's native /generate (the probe decides).

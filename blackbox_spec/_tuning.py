@@ -40,7 +40,7 @@ class Tuning:
     # losing group of side branches).  Held at 64 everywhere, a long copy on
     # a GPU-like server waited for groups of side branches to prove it
     # first, and forced echo beat auto 10x to 6x on a real rename
-    # (docs/results/real-edits-39).
+    # (docs/results.md, "Real edits").
     echo_bet_rounds: float = 2.0
     echo_free_steps: float = 6.0
     echo_held_min_tokens: float = 8.0
@@ -57,7 +57,7 @@ class Tuning:
     # keep the stream busy beside it, and groups go at most this wide.
     # Measured on real edits (sim gpu, 14 prompts, fresh process each):
     # groups up to 16 wide 3.53x at 41.7x plain's prompt tokens, up to 2
-    # wide 3.71x at 15.5x (docs/results/bill-40, s35).  Wide groups were
+    # wide 3.71x at 15.5x (docs/results.md, "The bill").  Wide groups were
     # priced before their per-branch start was measured (16 requests took
     # ~60 ms to start, the model counted none) and outbid echo rounds.
     cheap_echo_width: int = 2

@@ -5,7 +5,7 @@ adjacent emoji as ``["", "", "", "🙂"]`` took 44-53 s on the event loop.
 Now a ``""`` token ends only where the token that completes its run can
 finish it, a stream's chunks say where tokens end, and an echo round picks
 its context's alignment up where the last round left it.  The bounds here
-are an order of magnitude above what was measured (docs/alignment.md), so
+are an order of magnitude above what was measured (docs/results.md, "Exactness runs"), so
 that they fail on a return of the old growth, not on a slow machine.
 """
 

@@ -67,12 +67,6 @@ def test_bench_against_a_dead_server_is_one_line(tmp_path):
     assert len(err) == 1 and err[0].startswith("bspec: error:") and "Traceback" not in run.stderr.decode()
 
 
-def test_server_help_names_the_kinds():
-    run = bspec("server", "--help")
-    assert run.returncode == 0
-    assert "vllm" in run.stdout.decode() and "llama-server" in run.stdout.decode()
-
-
 def test_first_difference():
     assert first_difference("abc", "abc") is None
     assert first_difference("abc", "abd") == 2
@@ -156,11 +150,6 @@ def test_model_chunks_are_joined_in_part_order_and_hash_checked(tmp_path):
 def test_unknown_model_is_a_configuration_error():
     with pytest.raises(ConfigurationError, match="unknown model"):
         models.model_spec("gpt-17")
-
-
-def test_known_models_carry_their_hashes():
-    for spec in models.MODELS.values():
-        assert len(spec.sha256) == 64 and spec.size > 10_000_000
 
 
 def test_probe_reports_costs_and_capabilities(url):

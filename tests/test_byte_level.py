@@ -80,7 +80,7 @@ def check(fake: FakeTarget, prompt: str, max_tokens: int, stop, strategy: str, d
 
 
 # The same examples on every run (CI included); run with a larger
-# max_examples and derandomize=False to search further (NOTES.md lists what
+# max_examples and derandomize=False to search further (docs/design.md lists what
 # such searches found).
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True, database=None)
 
@@ -332,7 +332,7 @@ def test_an_echo_round_that_shows_the_text_tokenized_otherwise_is_not_used():
     assert last.get("prompt") == PROMPT and not last.get("echo"), last.get("prompt", "")[len(PROMPT):][:40]
 
 
-# Found by a random search and not fixed yet (NOTES.md, "Open exactness
+# Found by a random search and not fixed yet (docs/design.md, "Open exactness
 # cases"): strict, so a fix shows up as an unexpected pass.
 @pytest.mark.xfail(strict=True, reason="llama.cpp: a stop string straddling into a plain call's text whose token sizes are not asked for")
 def test_a_stop_straddling_into_a_plain_render_on_llama_cpp():

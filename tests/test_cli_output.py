@@ -103,12 +103,6 @@ def test_quiet_prints_only_the_text(served, tmp_path):
     assert run.stdout.decode() == fake.generate(PROMPT, 60)[0] + "\n"
 
 
-def test_help_lists_the_output_options():
-    text = bspec("run", "--help").stdout.decode()
-    for flag in ("--color", "--no-color", "--progress", "--quiet", "--json", "NO_COLOR"):
-        assert flag in text
-
-
 # -- the pieces themselves -------------------------------------------------------------
 
 

@@ -11,7 +11,8 @@ import math
 
 import pytest
 
-import torch  # the hf extra: the README's test command installs it
+torch = pytest.importorskip("torch", reason="local mode needs the hf extra (torch): pip install 'blackbox-spec[hf]'")
+pytestmark = pytest.mark.torch
 
 from blackbox_spec._stats import GenerationStats
 from blackbox_spec.local.sampling import SamplingParams

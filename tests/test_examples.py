@@ -59,7 +59,3 @@ def test_openai_sdk_via_proxy_example(url):
     run = example("openai_sdk_via_proxy.py", "--base-url", url, "--model", "fake-model", "--max-tokens", "40")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "same answer: yes" in run.stdout and "x-bspec: speculative" in run.stdout
-
-
-def test_the_prompt_files_are_there():
-    assert {p.name for p in (EXAMPLES / "prompts").glob("*.txt")} >= {"edit.txt", "freeform.txt", "rewrite-json.txt"}

@@ -9,7 +9,8 @@ import itertools
 
 import pytest
 
-import torch  # the hf extra: the README's test command installs it
+torch = pytest.importorskip("torch", reason="local mode needs the hf extra (torch): pip install 'blackbox-spec[hf]'")
+pytestmark = pytest.mark.torch
 
 from blackbox_spec import ConfigurationError, GenerationStats
 from blackbox_spec.local import CachedLM, LocalSpeculator, LocalStats, SamplingParams

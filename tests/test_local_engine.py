@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-import torch  # the hf extra: the README's test command installs it
-import transformers
+torch = pytest.importorskip("torch", reason="local mode needs the hf extra (torch): pip install 'blackbox-spec[hf]'")
+pytestmark = pytest.mark.torch
+transformers = pytest.importorskip("transformers", reason="local mode needs the hf extra (torch): pip install 'blackbox-spec[hf]'")
 
 from blackbox_spec import ConfigurationError, GenerationStats
 from blackbox_spec.cli import main
@@ -21,7 +22,7 @@ from blackbox_spec.local.sampling import NO_TOKEN, as_generator, sampling_probs
 from .chi_square import chi_square_p_value, joint_counts
 from .tiny_models import tiny_model, tiny_tokenizer
 
-# CPU in CI; the device run (bench/local_gpu.sh) sets BSPEC_TEST_DEVICE=cuda
+# CPU in CI; the device run (benchmarks/local_gpu.sh) sets BSPEC_TEST_DEVICE=cuda
 # so the same assertions check the engine's CUDA path.
 DEVICE = torch.device(os.environ.get("BSPEC_TEST_DEVICE", "cpu"))
 SAMPLES = 100_000

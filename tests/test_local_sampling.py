@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-import torch  # the hf extra: the README's test command installs it
+torch = pytest.importorskip("torch", reason="local mode needs the hf extra (torch): pip install 'blackbox-spec[hf]'")
+pytestmark = pytest.mark.torch
 
 from blackbox_spec.local.sampling import (
     NO_TOKEN,
@@ -194,7 +195,18 @@ def test_expected_acceptance_and_the_paper_formula():
     # alpha = 1: every round emits gamma + 1 tokens for gamma c + 1 target steps.
     assert leviathan_speedup(1.0, 4, 0.0) == 5.0
     assert leviathan_speedup(0.0, 4, 0.0) == 1.0
-    assert leviathan_speedup(0.6, 3, 0.05) == pytest.approx((1 - 0.6**4) / (0.4 * 1.15))
+
+
+def test_the_speedup_formula_matches_simulated_rounds():
+    """Leviathan's expected speed-up against rounds drawn with i.i.d.
+    acceptance alpha: the first rejection ends a round, every round emits
+    one token of the target's own, and costs gamma c + 1 target steps."""
+    generator = torch.Generator().manual_seed(3)
+    for alpha, gamma, c in ((0.6, 3, 0.05), (0.9, 5, 0.1), (0.3, 2, 0.0)):
+        accepted = torch.rand(200_000, gamma, generator=generator) < alpha
+        emitted = accepted.int().cumprod(dim=1).sum(dim=1) + 1
+        simulated = float(emitted.double().mean()) / (gamma * c + 1)
+        assert leviathan_speedup(alpha, gamma, c) == pytest.approx(simulated, rel=0.01)
 
 
 def test_the_exponential_race_draws_each_token_with_its_probability():

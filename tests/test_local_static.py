@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-import torch
-import transformers
+torch = pytest.importorskip("torch", reason="local mode needs the hf extra (torch): pip install 'blackbox-spec[hf]'")
+pytestmark = pytest.mark.torch
+transformers = pytest.importorskip("transformers", reason="local mode needs the hf extra (torch): pip install 'blackbox-spec[hf]'")
 
 from blackbox_spec import ConfigurationError
 from blackbox_spec.local import CachedLM, LocalSpeculator, SamplingParams

@@ -491,10 +491,3 @@ def test_bspec_serve_bad_arguments_are_one_line(args, needle):
     from .test_cli import bspec, one_line_error
 
     one_line_error(bspec("serve", *args), needle)
-
-
-def test_bspec_serve_help():
-    from .test_cli import bspec
-
-    run = bspec("serve", "--help")
-    assert run.returncode == 0 and b"x-bspec" in run.stdout and b"--max-concurrency" in run.stdout

@@ -38,7 +38,8 @@ from typing import Callable
 
 import pytest
 
-import torch
+torch = pytest.importorskip("torch", reason="local mode needs the hf extra (torch): pip install 'blackbox-spec[hf]'")
+pytestmark = pytest.mark.torch
 
 from blackbox_spec._stats import GenerationStats
 from blackbox_spec.local import tree_engine

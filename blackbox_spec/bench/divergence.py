@@ -78,7 +78,7 @@ async def resumed_plain_gives_spec(api: TargetAPI, prompt: str, plain: str, spec
     A speculative run resumes the target from many points: the text up to
     each point is prefilled as a batch, the rest decoded one token at a time.
     On servers whose logits depend on that split (llama.cpp on CPU: up to
-    ~0.3 apart, NOTES.md) the greedy choice at a non-tie can flip with it.
+    ~0.3 apart, docs/design.md) the greedy choice at a non-tie can flip with it.
     Resuming from each of the last ``back`` boundaries before the divergence
     (and from the prompt itself) tries those splits, each with the server's
     prompt cache and, where it has one to turn off (llama.cpp's

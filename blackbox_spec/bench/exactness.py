@@ -7,7 +7,7 @@ with a character max_tokens cuts, the non-streamed one is what bspec
 returns).  :data:`CASES` are prompts whose answers have emoji, CJK and other
 characters a byte-level tokenizer splits, or stop strings (several at once,
 overlapping, a split character); with the bench workloads they make the
-real-server run of ``bench/exactness_real.py`` and part of the integration
+real-server run of ``benchmarks/exactness_real.py`` and part of the integration
 tests.
 """
 

