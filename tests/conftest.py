@@ -13,6 +13,10 @@ from blackbox_spec import SpecClient
 from blackbox_spec._retry import RetryPolicy
 from blackbox_spec.testing import FakeTarget
 
+# LiteLLM fetches its price list from GitHub at import (retrying for ~10 s
+# without a network): the copy it ships is enough for the tests.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 BASE_URL = "http://fake.test/v1"
 API_KEY = "sk-test-DO-NOT-LEAK-1234"
 

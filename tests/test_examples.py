@@ -59,3 +59,18 @@ def test_openai_sdk_via_proxy_example(url):
     run = example("openai_sdk_via_proxy.py", "--base-url", url, "--model", "fake-model", "--max-tokens", "40")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "same answer: yes" in run.stdout and "x-bspec: speculative" in run.stdout
+
+
+def test_openai_sdk_in_process_example(url):
+    """The one-line wrapper (blackbox_spec.sdk), sync and async, against the fake."""
+    run = example("openai_sdk_in_process.py", "--base-url", url, "--model", "fake-model", "--max-tokens", "40")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "same answer (sync, async streamed): yes" in run.stdout and "x-bspec: speculative" in run.stdout
+
+
+@pytest.mark.parametrize("name, module", [("litellm_in_process.py", "litellm"), ("langchain_in_process.py", "langchain_openai")])
+def test_framework_examples(url, name, module):
+    pytest.importorskip(module, reason=f"{module} is an optional extra: pip install 'blackbox-spec[{module.split('_')[0]}]'")
+    run = example(name, "--base-url", url, "--model", "fake-model", "--max-tokens", "40")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "same answer as plain" in run.stdout and ": yes" in run.stdout

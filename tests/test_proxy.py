@@ -21,6 +21,7 @@ import pytest
 from blackbox_spec import SpecClient
 from blackbox_spec.bench.load import run_load
 from blackbox_spec.proxy import Proxy, passthrough_reason, running
+from blackbox_spec.sdk import async_http_client
 from blackbox_spec.testing import FakeTarget
 
 from .conftest import PROMPTS, chat_of, in_flight, over_http, turn_requests
@@ -33,12 +34,21 @@ def upstream() -> FakeTarget:
     return FakeTarget(latency=0.002, decode_s=0.001)
 
 
-@pytest.fixture
-async def sdks(upstream):
-    """(through the proxy, directly): two openai SDK clients, in process."""
-    proxy = Proxy(UPSTREAM, None, transport=httpx.MockTransport(upstream.handle_async), client_options={"drafter": "suffix"})
-    app = proxy.app()
-    via = openai.AsyncOpenAI(base_url="http://localhost/v1", api_key="unused", http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app)))
+@pytest.fixture(params=["proxy", "sdk-client"])
+async def sdks(upstream, request):
+    """(through the proxy, directly): two openai SDK clients, in process.
+    The first reaches the proxy as ``bspec serve`` runs it, or as
+    ``blackbox_spec.sdk`` wraps it in the SDK's own http_client (issue 45:
+    every test here holds for both)."""
+    transport = httpx.MockTransport(upstream.handle_async)
+    if request.param == "proxy":
+        proxy = Proxy(UPSTREAM, None, transport=transport, client_options={"drafter": "suffix"})
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(proxy.app()))
+        via = openai.AsyncOpenAI(base_url="http://localhost/v1", api_key="unused", http_client=http)
+    else:
+        http = async_http_client(UPSTREAM, None, transport=transport, client_options={"drafter": "suffix"})
+        proxy = http._transport.proxy
+        via = openai.AsyncOpenAI(base_url=UPSTREAM, api_key="unused", http_client=http)
     direct = openai.AsyncOpenAI(base_url=UPSTREAM, api_key="unused", http_client=httpx.AsyncClient(transport=httpx.MockTransport(upstream.handle_async)))
     via.proxy = proxy  # type: ignore[attr-defined]
     yield via, direct
@@ -217,7 +227,10 @@ async def test_metrics_count_speculation(sdks):
     request = {"model": "fake-model", "messages": chat_of(PROMPTS["code"] * 3), "temperature": 0, "max_tokens": 100}
     for _ in range(3):
         await via.chat.completions.create(**request)
-    metrics = (await via._client.get("http://localhost/metrics")).json()
+    if via.base_url.host == "localhost":  # bspec serve: its /metrics route
+        metrics = (await via._client.get("http://localhost/metrics")).json()
+    else:  # in the SDK (no route of its own): the same counts
+        metrics = via.proxy.metrics.to_dict()
     assert metrics["requests"] == metrics["speculated"] == 3 and metrics["in_progress"] == 0
     assert metrics["output_tokens"] == 300 and metrics["accepted_tokens"] > 0
     assert metrics["decode_steps_saved"] == metrics["accepted_tokens"] and 0 < metrics["acceptance_rate"] <= 1
@@ -235,7 +248,7 @@ async def test_errors_are_the_upstreams_status_and_message(sdks):
     for stream in (False, True):
         with pytest.raises(openai.NotFoundError, match="does not exist"):
             await via.chat.completions.create(model="no-such-model", messages=chat_of("hi"), temperature=0, max_tokens=5, stream=stream)
-    response = await via._client.post("http://localhost/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    response = await via._client.post(f"{via.base_url}chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert response.status_code == 400 and "not JSON" in response.json()["error"]["message"]
     assert via.proxy.metrics.in_progress == 0
 

@@ -168,3 +168,33 @@ def test_openai_sdk_with_a_prediction_through_bspec_serve_equals_llama_server(ll
     proxy = Proxy(llama_target.base_url, None, client_options={"drafter": "suffix"})
     with running(proxy) as base:
         assert 0 <= asyncio.run(_with_prediction(llama_target, base)) <= 1
+
+
+def test_the_openai_sdk_litellm_and_langchain_in_process_give_vllms_answer(vllm_target):
+    """``blackbox_spec.sdk`` (no proxy to run): the openai SDK, sync and
+    async streamed, LiteLLM with ``client=`` and LangChain's ChatOpenAI with
+    the wrapped http clients each give vLLM's own answer, speculatively."""
+    from blackbox_spec.sdk import async_http_client, http_client, speculative
+
+    url, model = vllm_target.base_url, vllm_target.model
+    prompt = next(p for p in PROMPTS if p.name == "rename-js")
+    body = {"model": model, "messages": prompt.messages, "temperature": 0, "max_tokens": 64}
+    truth = openai.OpenAI(base_url=url, api_key="none", timeout=900).chat.completions.create(**body).choices[0].message.content
+    wrapped = speculative(openai.OpenAI(base_url=url, api_key="none", timeout=900))
+    raw = wrapped.chat.completions.with_raw_response.create(**body)
+    assert raw.headers["x-bspec"].startswith("speculative") and raw.parse().choices[0].message.content == truth
+
+    async def streamed() -> str:
+        async with speculative(openai.AsyncOpenAI(base_url=url, api_key="none", timeout=900)) as client:
+            return "".join([c.choices[0].delta.content or "" async for c in await client.chat.completions.create(**body, stream=True) if c.choices])
+
+    assert asyncio.run(streamed()) == truth
+    litellm = pytest.importorskip("litellm", reason="the litellm extra")
+    answer = litellm.completion(model=f"openai/{model}", messages=prompt.messages, temperature=0, max_tokens=64, api_base=url, api_key="none", client=wrapped)
+    assert answer.choices[0].message.content == truth
+    langchain_openai = pytest.importorskip("langchain_openai", reason="the langchain extra")
+    chat = langchain_openai.ChatOpenAI(model=model, base_url=url, api_key="none", temperature=0, max_tokens=64, timeout=900,
+                                       http_client=http_client(url), http_async_client=async_http_client(url))
+    assert chat.invoke(prompt.messages).content == truth
+    assert wrapped._client._transport.proxy.metrics.speculated == 2 and chat.http_client._transport.proxy.metrics.speculated == 1
+    wrapped.close()
