@@ -18,9 +18,9 @@ from blackbox_spec.sdk import async_http_client, http_client
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="the server (any OpenAI-compatible API)")
     parser.add_argument("--model", required=True, help="the server's model name")
-    parser.add_argument("--max-tokens", type=int, default=100)
+    parser.add_argument("--max-tokens", type=int, default=100, help="the answer's length at most")
     args = parser.parse_args()
     key = os.environ.get("OPENAI_API_KEY", "none")
     settings = dict(model=args.model, base_url=args.base_url, api_key=key, temperature=0, max_tokens=args.max_tokens)

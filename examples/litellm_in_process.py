@@ -18,12 +18,16 @@ import openai  # noqa: E402
 from blackbox_spec.sdk import speculative  # noqa: E402
 
 
-def main() -> int:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="the server, as LiteLLM's api_base")
     parser.add_argument("--model", required=True, help="the server's model name")
-    parser.add_argument("--max-tokens", type=int, default=100)
-    args = parser.parse_args()
+    parser.add_argument("--max-tokens", type=int, default=100, help="max_tokens of both calls")
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = arguments()
     key = os.environ.get("OPENAI_API_KEY", "none")
     client = speculative(openai.OpenAI(base_url=args.base_url, api_key=key))
     messages = [{"role": "user", "content": "Repeat this list exactly: alpha, beta, gamma, delta, epsilon, zeta, eta, theta."}]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 from typing import Iterator
 
@@ -18,6 +19,16 @@ from blackbox_spec.testing import FakeTarget
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 BASE_URL = "http://fake.test/v1"
+
+
+def installed(*modules: str) -> bool:
+    return all(importlib.util.find_spec(module) is not None for module in modules)
+
+
+# Tests of the optional extras, skipped with the reason where the extra is
+# not installed (``pip install -e '.[test]'`` alone); CI installs them all.
+needs_torch = pytest.mark.skipif(not installed("torch", "transformers"), reason="needs the hf extra (torch, transformers): pip install 'blackbox-spec[hf]'")
+needs_llama = pytest.mark.skipif(not installed("llama_cpp"), reason="needs the llama extra (llama-cpp-python, built as README's test command does)")
 API_KEY = "sk-test-DO-NOT-LEAK-1234"
 
 # Prompts of every kind the acceptance criteria name: code, prose, CJK, emoji.

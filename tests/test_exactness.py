@@ -15,7 +15,7 @@ from blackbox_spec import SpecClient
 from blackbox_spec.drafters import SuffixDrafter
 from blackbox_spec.testing import FakeModel, FakeTarget
 
-from .conftest import API_KEY, BASE_URL
+from .conftest import API_KEY, BASE_URL, needs_torch
 
 MODEL = FakeModel()
 TARGETS = {mode: FakeTarget(echo=mode, model=MODEL) for mode in ("yes", "refuse", "ignore")}
@@ -142,6 +142,7 @@ def _tiny_model_drafter():
     return ModelDrafter(HFModel(model=model, tokenizer=tokenizer))
 
 
+@needs_torch
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prompts, st.integers(1, 60), stops, st.sampled_from(["yes", "refuse"]))
 def test_a_model_drafter_with_another_tokenizer_is_exact(prompt, max_tokens, stop, mode):

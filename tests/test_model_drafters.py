@@ -14,6 +14,7 @@ from blackbox_spec import ConfigurationError, SpecClient
 from blackbox_spec.drafters import DrafterFactory
 from blackbox_spec.drafters.model import ModelDrafter, PrefixIndex, common_prefix
 
+from .conftest import needs_llama, needs_torch
 from .tiny_models import tiny_model
 
 REFERENCE = "The model reads the text and then the model writes the answer. " * 4
@@ -131,6 +132,7 @@ def contexts():
         yield text
 
 
+@needs_torch
 def test_hf_kv_reuse_matches_recomputation_from_scratch():
     from blackbox_spec.drafters.hf import HFModel
 
@@ -145,6 +147,7 @@ def test_hf_kv_reuse_matches_recomputation_from_scratch():
     assert reused.evaluations < full / 2  # most of each context came from the cache
 
 
+@needs_torch
 def test_hf_drafter_drafts_equal_fresh_drafters_drafts():
     from blackbox_spec.drafters.hf import HFModel
 
@@ -177,6 +180,7 @@ def agree_but_for_near_ties(reused: list[int], scratch: list[int], scratch_gaps:
     return k == min(len(reused), len(scratch)) or scratch_gaps[k] < LLAMA_NOISE
 
 
+@needs_llama
 def test_llama_kv_reuse_matches_recomputation_from_scratch(qwen_gguf):
     from blackbox_spec.drafters.llama import LlamaCppModel
 
@@ -197,6 +201,7 @@ def test_llama_kv_reuse_matches_recomputation_from_scratch(qwen_gguf):
     assert reused.evaluations < evaluated_from_scratch * 0.7
 
 
+@needs_llama
 def test_llama_drafter_drafts_equal_fresh_drafters_drafts(qwen_gguf):
     from blackbox_spec.drafters.llama import LlamaCppModel
 
@@ -235,6 +240,7 @@ def test_drafter_configuration_errors(kwargs, message):
         DrafterFactory(kind, **kwargs)
 
 
+@needs_torch
 def test_wrong_model_formats_are_named(tmp_path):
     text = tmp_path / "notes.gguf"
     text.write_text("not a model")
@@ -298,6 +304,7 @@ async def test_a_drafter_that_costs_more_than_it_saves_is_paused(served):
     assert any("drafting paused" in n for n in result.stats.notes)
 
 
+@needs_torch
 def test_cli_says_it_is_loading_a_draft_model(tmp_path):
     """A draft model takes seconds to load: the CLI says so before the text."""
     from .tiny_models import tiny_model

@@ -20,7 +20,7 @@ from blackbox_spec.server_probe import PROBE_PROMPTS
 from blackbox_spec.testing import FakeTarget
 from blackbox_spec.testing.fake_target import FakeModel
 
-from .conftest import PROMPTS, chat_of, in_flight, over_http
+from .conftest import PROMPTS, chat_of, in_flight, needs_llama, over_http
 
 UPSTREAM = "http://upstream.test/v1"
 KEYS = ["tenant-a-key-000", "tenant-b-key-000", "tenant-c-key-000"]
@@ -73,6 +73,7 @@ def _fake_gguf(tmp_path) -> str:
     return str(path)
 
 
+@needs_llama  # the factory checks that llama-cpp-python is there before anything loads
 async def test_one_draft_model_whatever_the_number_of_callers(tmp_path, monkeypatch):
     loads: list[str] = []
 
