@@ -6,6 +6,7 @@ fixture runs each test with this client too.)"""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 
@@ -150,8 +151,11 @@ async def test_an_async_client_used_on_its_loop_leaves_no_task_behind():
 
 
 def test_litellm_with_a_wrapped_client_speculates_and_answers_as_plain(served):
+    httpx_level = logging.getLogger("httpx").level
     pytest.importorskip("litellm", reason="the litellm extra: pip install 'blackbox-spec[litellm]'")
     import litellm
+
+    logging.getLogger("httpx").setLevel(httpx_level)  # LiteLLM's import sets it to WARNING, for every later test
 
     fake, url = served
     client = speculative(openai.OpenAI(base_url=url, api_key="sk-test"))

@@ -38,6 +38,8 @@ def everything_about(exc: BaseException) -> str:
 async def test_logs_at_debug_level_never_hold_the_key(caplog, fake):
     fake.api_key = API_KEY
     caplog.set_level(logging.DEBUG)  # every logger: httpx, httpcore, ours
+    # ... httpx's too where a library set its level (LiteLLM sets WARNING on import)
+    caplog.set_level(logging.DEBUG, logger="httpx")
     with respx.mock(base_url=BASE_URL) as router:
         router.post("/completions").mock(side_effect=fake.handle)
         async with client_for() as client:

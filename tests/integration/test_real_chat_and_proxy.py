@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import httpx
 import openai
@@ -189,7 +190,9 @@ def test_the_openai_sdk_litellm_and_langchain_in_process_give_vllms_answer(vllm_
             return "".join([c.choices[0].delta.content or "" async for c in await client.chat.completions.create(**body, stream=True) if c.choices])
 
     assert asyncio.run(streamed()) == truth
+    httpx_level = logging.getLogger("httpx").level
     litellm = pytest.importorskip("litellm", reason="the litellm extra")
+    logging.getLogger("httpx").setLevel(httpx_level)  # LiteLLM's import sets it to WARNING, for every later test
     answer = litellm.completion(model=f"openai/{model}", messages=prompt.messages, temperature=0, max_tokens=64, api_base=url, api_key="none", client=wrapped)
     assert answer.choices[0].message.content == truth
     langchain_openai = pytest.importorskip("langchain_openai", reason="the langchain extra")
