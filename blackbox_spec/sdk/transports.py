@@ -53,17 +53,28 @@ def to_proxy(request: httpx.Request, path: str, body: bytes) -> httpx.Request:
     return httpx.Request(request.method, url, headers=headers, content=body, extensions=request.extensions)
 
 
-class SpeculativeTransport(httpx.AsyncBaseTransport):
+class _ToProxy:
+    """What both transports share: the proxy, its app, and which requests go there."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        self.upstream = httpx.URL(proxy.base_url)
+        self.app = StreamingASGITransport(proxy.app())
+
+    def path_of(self, request: httpx.Request) -> str | None:
+        return proxy_path(request.method, request.url, self.upstream)
+
+
+class SpeculativeTransport(_ToProxy, httpx.AsyncBaseTransport):
     """For ``httpx.AsyncClient``: speculable requests to ``proxy``'s app,
     the rest to ``pass_through`` (the upstream)."""
 
     def __init__(self, proxy: Proxy, pass_through: httpx.AsyncBaseTransport) -> None:
-        self.proxy, self.pass_through = proxy, pass_through
-        self.upstream = httpx.URL(proxy.base_url)
-        self.app = StreamingASGITransport(proxy.app())
+        super().__init__(proxy)
+        self.pass_through = pass_through
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        path = proxy_path(request.method, request.url, self.upstream)
+        path = self.path_of(request)
         if path is None:
             return await self.pass_through.handle_async_request(request)
         return await self.app.handle_async_request(to_proxy(request, path, await request.aread()))
@@ -113,18 +124,17 @@ class _SyncBody(httpx.SyncByteStream):
         self.loop.run(self.stream.aclose())
 
 
-class SyncSpeculativeTransport(httpx.BaseTransport):
+class SyncSpeculativeTransport(_ToProxy, httpx.BaseTransport):
     """For ``httpx.Client``: as :class:`SpeculativeTransport`, with the
     proxy's app on a loop thread of its own."""
 
     def __init__(self, proxy: Proxy, pass_through: httpx.BaseTransport) -> None:
-        self.proxy, self.pass_through = proxy, pass_through
-        self.upstream = httpx.URL(proxy.base_url)
-        self.app = StreamingASGITransport(proxy.app())
+        super().__init__(proxy)
+        self.pass_through = pass_through
         self.loop = _LoopThread()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        path = proxy_path(request.method, request.url, self.upstream)
+        path = self.path_of(request)
         if path is None:
             return self.pass_through.handle_request(request)
         answer = self.loop.run(self.app.handle_async_request(to_proxy(request, path, request.read())))
