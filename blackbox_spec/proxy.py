@@ -166,7 +166,12 @@ class Proxy:
         """Who is calling, as far as learned state goes: the bearer key the
         caller sent (one of ``client_keys``, or its own upstream key),
         hashed; every caller without one is the same caller."""
-        return hashlib.sha256(bearer_token({"authorization": request.headers.get("authorization", "")}).encode()).hexdigest()[:16]
+        return self.tenant_of_key(bearer_token({"authorization": request.headers.get("authorization", "")}))
+
+    @staticmethod
+    def tenant_of_key(key: str) -> str:
+        """The caller who sends the bearer key ``key`` ("" for none)."""
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     async def aclose(self) -> None:
         self.models.cancel()

@@ -319,3 +319,50 @@ def test_on_a_real_server_the_oracle_is_priced_at_what_plain_measured():
     assert measured["speedup"] == pytest.approx(known["speedup"], rel=0.3) and measured["speedup"] > 1.5
     # An answer that is no recording's (another model) has no oracle.
     assert recorded_oracle(load_recordings())(prompt, plain.text + "!", None) is None
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_bench_through_the_openai_sdk_gives_plains_text_and_the_proxys_counts(chat):
+    """``--through proxy sdk``: the same prompt through the openai SDK, by
+    way of the proxy's app and of ``blackbox_spec.sdk``'s http client; the
+    texts equal plain's and each run's stats are what the proxy counted
+    for it (rounds, drafts, the server's bill)."""
+    import asyncio
+
+    from blackbox_spec.bench.runner import Config, run_bench
+    from blackbox_spec.bench.workloads import prompts
+    from blackbox_spec.testing.sim import SimulatedTarget
+
+    sim = SimulatedTarget.preset("gpu", replay=True, model_name="sim", rtt_s=0.0, decode_s=0.001)
+    (prompt,) = prompts(["real-edit"], ["r-ci-yaml"])
+    configs = [Config("ngram", "auto", through=way) for way in ("client", "proxy", "sdk")]
+    report = asyncio.run(run_bench(base_url="http://sim/v1", model="sim", api_key=None, prompts=[prompt], configs=configs,
+                                   repeats=2, max_tokens=80, transport=sim.transport(), fresh_client=True, chat=chat,
+                                   server_bill=lambda: sim.bill))
+    assert report.configs == ["ngram/auto", "ngram/auto via proxy", "ngram/auto via sdk"]
+    rows = {row["config"]: row for row in report.rows()}
+    for label, row in rows.items():
+        assert row["identical"] and row["tokens"] == 80, (label, row)
+        assert row["acceptance"] > 0 and row["tokens_per_round"] > 1 and row["bill_by"] == "server"
+        assert row["requests"] >= 2 and row["prompt_tokens_sent"] > row["prompt_tokens_sent_plain"]
+    for label in ("ngram/auto via proxy", "ngram/auto via sdk"):
+        runs = report.cell(prompt.name, label).runs
+        assert len(runs) == 2 and all(run.stats["fallback"] is None and run.stats["rounds"] >= 1 for run in runs)
+
+
+def test_a_runs_stats_through_the_sdk_are_the_proxys_totals_after_it_less_before():
+    from blackbox_spec._bill import Bill
+    from blackbox_spec._stats import GenerationStats
+    from blackbox_spec.bench.through import stats_between
+    from blackbox_spec.serving.metrics import ProxyMetrics
+
+    before, after = ProxyMetrics(), ProxyMetrics()
+    for metrics, (rounds, output) in ((before, (3, 50)), (after, (7, 130))):
+        metrics.observe(GenerationStats(rounds=rounds, jumps=1, target_calls=rounds * 2, drafted_tokens=output, accepted_tokens=output // 2,
+                                        output_tokens=output, bill=Bill(requests=rounds, prompt_tokens=100 * rounds), prompt_tokens=100, wall_s=1.0))
+    after.observe(GenerationStats(rounds=4, jumps=2, target_calls=8, drafted_tokens=80, accepted_tokens=40, output_tokens=80,
+                                  bill=Bill(requests=4, prompt_tokens=400), prompt_tokens=100, wall_s=1.0))
+    stats = stats_between(before, after, wall_s=2.0)
+    assert (stats.rounds, stats.jumps, stats.target_calls, stats.output_tokens) == (4 + 7 - 3, 2, 22 - 6, 80 + 80)
+    assert stats.bill.requests == 8 and stats.bill.prompt_tokens == 800 and stats.prompt_tokens == 200 - 100
+    assert stats.tokens_per_second == 80.0 and stats.acceptance_rate == 0.5

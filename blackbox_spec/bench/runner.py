@@ -27,6 +27,7 @@ from ..drafters import SessionIndex
 from ..profile import profiles_dir
 from .divergence import Divergence, explain, first_difference
 from .oracle import BillLimits, OracleFn, measured_costs
+from .through import SdkCaller
 from .workloads import Prompt
 
 
@@ -37,11 +38,15 @@ class Config:
     # The bill's limit, times plain's: a number, None (none), or "auto" (the
     # client's default for the server's host).
     max_cost: float | str | None = "auto"
+    # How the runs reach the server (``through.THROUGH``): SpecClient, or the
+    # openai SDK by way of the proxy's app or of ``blackbox_spec.sdk``.
+    through: str = "client"
 
     @property
     def label(self) -> str:
         limit = "" if self.max_cost == "auto" else " no limit" if self.max_cost is None else f" <={self.max_cost:g}x bill"
-        return f"{self.drafter}/{self.strategy}{limit}"
+        way = "" if self.through == "client" else f" via {self.through}"
+        return f"{self.drafter}/{self.strategy}{limit}{way}"
 
 
 @dataclass
@@ -274,39 +279,43 @@ class _Bench:
         self.echo = False  # whether the server echoes prompts (its capabilities, once probed)
         self.done, self.total = 0, total
         self.plain = SpecClient(base_url, api_key, model, drafter=None, timeout=timeout, transport=transport)
-        self.spec = {c.label: self.new_client(c) for c in configs}
+        self.spec: dict[str, SpecClient | SdkCaller] = {}  # (made once the model's name is known)
         # The suffix drafter remembers a client's earlier outputs.  Each prompt and
         # repeat starts with an empty memory, so no run drafts from an earlier run
         # of the same prompt; the turns of a session (``Prompt.session``) share one.
         self.memories: dict[tuple[str, int], SessionIndex] = {}
 
-    def new_client(self, c: Config) -> SpecClient:
-        options = self.model_options if c.drafter in ("llama", "hf") else {}
-        client = SpecClient(self.base_url, self.api_key, self.model, drafter=c.drafter, strategy=c.strategy, timeout=self.timeout,
-                            transport=self.transport, profile=self.profile, price=self.price, max_cost=c.max_cost, **options)
+    def new_client(self, c: Config) -> SpecClient | SdkCaller:
+        options: dict = dict(self.model_options) if c.drafter in ("llama", "hf") else {}
+        options.update(drafter=c.drafter, strategy=c.strategy, profile=self.profile, price=self.price, max_cost=c.max_cost)
+        caller = None
+        if c.through != "client":
+            caller = SdkCaller(c.through, self.base_url, self.api_key, self.plain.model or "", options, transport=self.transport, timeout=self.timeout)
+            client = caller.spec
+        else:
+            client = SpecClient(self.base_url, self.api_key, self.plain.model, timeout=self.timeout, transport=self.transport, **options)
         if len(self.configs) > 1:
             # Each configuration keeps its own profile, as a user who runs
             # only it would: one profile shared between them let the limited
             # ones' drafts tune the unlimited one (1.66x against 1.78x alone).
             client.profiles.root = profiles_dir() / f"bench-{re.sub(r'[^A-Za-z0-9.=-]+', '_', c.label)}"
-        return client
+        return caller or client
 
     async def prepare(self, report: Report) -> None:
         """The model's name, every draft model loaded and the server's
         capabilities, in the report: none of it part of any timed run."""
         report.server.setdefault("model", await self.plain.ensure_model())
+        self.spec = {c.label: self.new_client(c) for c in self.configs}
         for client in self.spec.values():
-            client.api.model = self.plain.model
-        for client in self.spec.values():
-            await client.load_drafter()
+            await _spec_of(client).load_drafter()
         if self.spec:
-            first = next(iter(self.spec.values()))
+            first = _spec_of(next(iter(self.spec.values())))
             report.server["capabilities"] = asdict(await (first.probe_chat() if self.chat else first.probe()))
         else:
             report.server["capabilities"] = {}
         self.echo = bool(report.server["capabilities"].get("echo"))
 
-    async def client_for(self, label: str, prompt: Prompt, repeat: int) -> SpecClient:
+    async def client_for(self, label: str, prompt: Prompt, repeat: int) -> SpecClient | SdkCaller:
         """The client of ``label``'s run of ``prompt`` at ``repeat``, its
         suffix memory that of the prompt's session at this repeat."""
         if label == "plain":
@@ -316,9 +325,8 @@ class _Bench:
             await client.aclose()
             config = next(c for c in self.configs if c.label == label)
             client = self.spec[label] = self.new_client(config)
-            client.api.model = self.plain.model
-            await client.load_drafter()  # a draft model's load is not timed either way
-        client.session_index = self.memories.setdefault((f"{label}/{prompt.session or prompt.name}", repeat), SessionIndex())
+            await _spec_of(client).load_drafter()  # a draft model's load is not timed either way
+        _spec_of(client).session_index = self.memories.setdefault((f"{label}/{prompt.session or prompt.name}", repeat), SessionIndex())
         return client
 
     def say(self, line: str) -> None:
@@ -353,14 +361,21 @@ async def _bench_prompt(bench: _Bench, report: Report, prompt: Prompt, repeats: 
         await _compare(bench, prompt, texts, cells)
 
 
-async def _timed_run(bench: _Bench, report: Report, client: SpecClient, prompt: Prompt, cells: dict[str, Cell], label: str, budget: int,
+def _spec_of(client: SpecClient | SdkCaller) -> SpecClient:
+    """The client that speculates (through the SDK: the proxy's)."""
+    return client.spec if isinstance(client, SdkCaller) else client
+
+
+async def _timed_run(bench: _Bench, report: Report, client: SpecClient | SdkCaller, prompt: Prompt, cells: dict[str, Cell], label: str, budget: int,
                      cold: tuple[float | None, int]) -> tuple[GenerationResult, float]:
     """One timed run of ``prompt`` by ``client``, kept in its cell (and, on
     plain's first, the copy-oracle of its answer); returns it and its seconds."""
     billed_before = replace(bench.server_bill()) if bench.server_bill else None
     started = time.perf_counter()
-    if bench.chat:
-        result: GenerationResult = await client.chat(prompt.messages, max_tokens=budget)  # type: ignore[arg-type]
+    if isinstance(client, SdkCaller):
+        result: GenerationResult = await client.run(prompt, budget, bench.chat)
+    elif bench.chat:
+        result = await client.chat(prompt.messages, max_tokens=budget)  # type: ignore[arg-type]
     else:
         result = await client.generate(prompt.text, max_tokens=budget)
     wall = time.perf_counter() - started

@@ -19,6 +19,7 @@ examples:
   bspec bench --base-url http://127.0.0.1:8000/v1 --repeats 5 --out results/
   bspec bench --compare before/bench.json after/              # two saved reports, side by side
   bspec bench --server llama-server --strategy auto fanout --prompt story
+  bspec bench --sim hosted --through client proxy sdk        # SpecClient, bspec serve's app, the openai SDK's client
 
 Plain decoding and each speculative configuration run back to back on the
 same server, interleaved, for every prompt and repeat; texts are compared and
@@ -56,6 +57,10 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--draft-model", metavar="PATH", help="the draft model for --drafter llama (a .gguf file) or hf (a transformers folder)")
     bench.add_argument("--draft-device", default="cpu", metavar="DEV", help="torch device for --drafter hf: cpu or cuda (default: cpu)")
     bench.add_argument("--strategy", nargs="+", choices=["auto", "echo", "fanout"], default=["auto"], help="verification strategies to compare (default: auto)")
+    bench.add_argument("--through", nargs="+", choices=["client", "proxy", "sdk"], default=["client"],
+                       help="how the speculative runs reach the server, to compare (default: client): client (SpecClient), proxy (the openai SDK "
+                       "calling `bspec serve`'s app in this process), sdk (the openai SDK with blackbox_spec.sdk's http client); "
+                       "through the SDK a run's stats are what the proxy's /metrics counted for it")
     bench.add_argument("--fresh-client", action="store_true", help="a new client for every run, as a fresh `bspec run` process has "
                        "(default with --sim); otherwise each configuration keeps one client, which learns the server once")
     bench.add_argument("--profile", choices=["auto", "refresh", "off"], default="auto", help="the speculative clients' server profile: " + PROFILE_HELP.split(": ", 1)[1])
@@ -96,7 +101,7 @@ async def _bench(args: argparse.Namespace) -> int:
         return _compare(args)
     chosen = _bench_prompts(args)
     limits = args.max_cost or [2.0 if args.sim == "hosted" else "auto"]  # (the hosted sim stands for a paid API)
-    configs = [Config(d, s, m) for d in args.drafter for s in args.strategy for m in limits]
+    configs = [Config(d, s, m, t) for d in args.drafter for s in args.strategy for m in limits for t in args.through]
     out = Path(args.out)
     target = _bench_target(args)
     server = None

@@ -30,6 +30,7 @@ class ProxyMetrics:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     rounds: int = 0
+    jumps: int = 0  # onto a side branch: each one a round too, as far as tokens per round go
     target_calls: int = 0
     wall_s: float = 0.0
     plain_estimate_s: float = 0.0
@@ -57,6 +58,7 @@ class ProxyMetrics:
         self.drafted_tokens += stats.drafted_tokens
         self.accepted_tokens += stats.accepted_tokens
         self.rounds += stats.rounds
+        self.jumps += stats.jumps
         self.target_calls += stats.target_calls
         self.wall_s += stats.wall_s
         if stats.plain_estimate_s is not None:
