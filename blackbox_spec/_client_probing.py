@@ -24,7 +24,7 @@ from .chat import ChatSupport, ChatTurn, ContinueCheck, probe_chat, probe_predic
 from .policy import ServerCosts
 from .probe import STOP_PROBE_PROMPT, probe_stop_rule
 from .profile import LOADED_WEIGHT, ProfileStore
-from .server_probe import REFUSALS, Capabilities, probe_server
+from .server_probe import REFUSALS, Capabilities, probe_server, seed_echo_cost
 
 
 class ServerKnowledge:
@@ -149,12 +149,15 @@ class ServerKnowledge:
         async with self._probing:
             if self.chat_support is None:
                 self._open_profile()
-                self.chat_support = await probe_chat(self.api, self._stored_check())
+                unmeasured = self.chat_costs is None or self.chat_costs.echo.observed == 0
+                self.chat_support = await probe_chat(self.api, self._stored_check(), measure_echo=unmeasured)
                 profile = self.profiles.profile
                 if profile is not None and self.chat_support.check is not None:
                     profile.chat_check = asdict(self.chat_support.check)
                 if self.chat_costs is None:
                     self.chat_costs = ServerCosts(self.chat_support.round_trip_s)
+                if unmeasured and len(self.chat_support.echo_sizes) == 2:
+                    seed_echo_cost(self.chat_costs, list(self.chat_support.echo_sizes))
         return self.chat_support
 
     async def probe_predictions(self) -> bool:

@@ -32,6 +32,9 @@ class LinearCost:
     decay: float = 0.85
     _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # w, wx, wy, wxx, wxy
     observed: int = 0
+    # The stored fit this one was loaded from (``from_dict``), written back
+    # as it was while nothing new is measured.
+    _stored: dict | None = field(default=None, repr=False, compare=False)
 
     def add(self, x: float, seconds: float) -> None:
         self._sums = [v * self.decay for v in self._sums]
@@ -56,6 +59,15 @@ class LinearCost:
         return self.fixed + self.per_token * max(0.0, x)
 
     def to_dict(self) -> dict:
+        """The fit as stored: a loaded one that measured nothing new goes
+        back as it came.  (Written back at its loaded weight, a cost that
+        processes no longer measured halved with each of them: a chat echo
+        fit, unused through one edit's two processes, was then taken over
+        by the next process's one slow round, priced echo rounds 6x too
+        dear and was never tried again: sim gpu, r-typos-md 4x where it
+        runs 10x.)"""
+        if self._stored is not None and self.observed == self._stored["observed"]:
+            return dict(self._stored)
         return {"fixed": self.fixed, "per_token": self.per_token, "sums": self._sums, "observed": self.observed}
 
     @classmethod
@@ -65,6 +77,7 @@ class LinearCost:
         cost = cls(float(data["fixed"]), float(data["per_token"]))
         cost._sums = [float(v) * weight for v in data["sums"]][:5]
         cost.observed = int(data["observed"])
+        cost._stored = {"fixed": cost.fixed, "per_token": cost.per_token, "sums": [float(v) for v in data["sums"]][:5], "observed": cost.observed}
         return cost
 
 

@@ -58,6 +58,9 @@ CONTINUE_FORMS: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = (
 )
 _REFUSALS = (400, 422, 501)
 _PROBE_MESSAGES = [{"role": "user", "content": "Count from 1 to 40, separated by spaces. Reply with the numbers only."}]
+# The echo cost's second measurement: the same question after ~120 more
+# tokens of context (as ``server_probe.ECHO_PROBE_PROMPT``).
+_LONG_PROBE_MESSAGES = [{"role": "user", "content": "Hello" + " world" * 120 + ". " + _PROBE_MESSAGES[0]["content"]}]
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,10 @@ class ChatSupport:
     # The template trims the continued message's trailing whitespace (TGI):
     # such a message is sent only up to a token end before it (``carried``).
     trims_trailing: bool = False
+    # Where ``prompt_logprobs`` score a message: (prompt tokens, seconds) of
+    # the probe's scoring calls, a short context and a long one, the chat
+    # echo round's first measured costs (``server_probe.seed_echo_cost``).
+    echo_sizes: tuple[tuple[int, float], ...] = ()
 
     @property
     def speculative(self) -> bool:
@@ -385,7 +392,7 @@ class ChatTurn:
 # -- the probe -----------------------------------------------------------------------
 
 
-async def probe_chat(api: TargetAPI, known: ContinueCheck | None = None) -> ChatSupport:
+async def probe_chat(api: TargetAPI, known: ContinueCheck | None = None, *, measure_echo: bool = True) -> ChatSupport:
     """Learn how this server's chat endpoint can be verified: a plain call,
     then 6 small calls at once for each continuation form tried
     (``CONTINUE_FORMS``, until one works).  With ``known`` (what an earlier process's probe
@@ -393,9 +400,10 @@ async def probe_chat(api: TargetAPI, known: ContinueCheck | None = None) -> Chat
     checked against it in one round, and only where that fails does the
     full probe run.  (A stale ``known`` can only fail: a server that
     continues ``partial`` into ``rest`` continues a message, whatever its
-    own plain answer is today.)"""
+    own plain answer is today.)  ``measure_echo``: where prompt logprobs
+    score a message, time them over a long context too (``echo_sizes``)."""
     if known is not None:
-        support = await _check_continuing(api, known, None)
+        support = await _check_continuing(api, known, None, measure_echo)
         if support.speculative:
             return support
     try:
@@ -417,7 +425,7 @@ async def probe_chat(api: TargetAPI, known: ContinueCheck | None = None) -> Chat
         return ChatSupport(True, None, False, round_trip, f"the probe's answer was too short to test continuing it ({len(units)} tokens)")
     middle = len(units) // 2
     check = ContinueCheck(plain.text[: units[middle].start], plain.text[units[middle].start :], count_tokens(units[middle:]))
-    return await _check_continuing(api, check, round_trip)
+    return await _check_continuing(api, check, round_trip, measure_echo)
 
 
 async def continue_forms(api: TargetAPI) -> dict[str, str]:
@@ -468,15 +476,15 @@ async def probe_predictions(api: TargetAPI) -> bool:
     return (usage.accepted_prediction_tokens or 0) + (usage.rejected_prediction_tokens or 0) > 0
 
 
-async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: float | None) -> ChatSupport:
+async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: float | None, measure_echo: bool) -> ChatSupport:
     """Does the server continue ``check.partial`` into ``check.rest``, under
     which fields, and may its template and prompt logprobs be trusted?
     (``round_trip``: None takes the continuation's own time.)"""
-    found, answered = await _find_continuing_form(api, check)
+    found, answered = await _find_continuing_form(api, check, measure_echo)
     if found is None:
         return ChatSupport(True, None, False, round_trip or 0.0,
                            f"the server does not continue a partial assistant message (asked to continue {check.partial!r}, it answered {answered[:40]!r})")
-    fields, message, answer, trimmed, echoes = found.fields, found.message, found.answer, found.trimmed, found.echoes
+    fields, message, answer, trimmed, echoes = found.fields, found.message, found.answer, found.trimmed, bool(found.echo_sizes)
     prefill, repeats = dict(fields), answer.text != check.rest
     if trimmed is None:
         reason: str | None = "the server reports no usage, so whether its chat template keeps whitespace can't be checked"
@@ -488,8 +496,9 @@ async def _check_continuing(api: TargetAPI, check: ContinueCheck, round_trip: fl
     seconds = answer.elapsed if round_trip is None else round_trip
     kept = replace(check, prefill=prefill, repeats_prefill=repeats, prefill_message=dict(message), trims_trailing=trailing) if reason is None else None
     # (Prompt logprobs score the message as sent: not where its end is trimmed.)
-    return ChatSupport(True, prefill, echoes and reason is None and not trailing, seconds, reason, repeats_prefill=repeats, check=kept,
-                       prefill_message=dict(message), trims_trailing=trailing)
+    scores = echoes and reason is None and not trailing
+    return ChatSupport(True, prefill, scores, seconds, reason, repeats_prefill=repeats, check=kept,
+                       prefill_message=dict(message), trims_trailing=trailing, echo_sizes=found.echo_sizes if scores else ())
 
 
 class _ContinuingForm(NamedTuple):
@@ -499,10 +508,12 @@ class _ContinuingForm(NamedTuple):
     message: dict[str, Any]  # the prefilled message's
     answer: Completion
     trimmed: str | None  # which whitespace the template strips (``_template_trims``)
-    echoes: bool  # prompt logprobs score the prefilled message
+    # Where prompt logprobs score the prefilled message, their calls'
+    # (prompt tokens, seconds) (``_scores_prefill``); empty where they don't.
+    echo_sizes: tuple[tuple[int, float], ...]
 
 
-async def _find_continuing_form(api: TargetAPI, check: ContinueCheck) -> tuple[_ContinuingForm | None, str]:
+async def _find_continuing_form(api: TargetAPI, check: ContinueCheck, measure_echo: bool) -> tuple[_ContinuingForm | None, str]:
     """The first form (``CONTINUE_FORMS``) under which the server continues
     ``check.partial`` into ``check.rest``; None where none does, with the
     last answer's text."""
@@ -514,13 +525,13 @@ async def _find_continuing_form(api: TargetAPI, check: ContinueCheck) -> tuple[_
     answered = ""
     known = (check.prefill, check.prefill_message) if check.prefill is not None else None
     for fields, message in sorted(CONTINUE_FORMS, key=lambda form: form != known):
-        checks = asyncio.gather(_template_trims(api, fields, message), _scores_prefill(api, check.partial, fields, message))
+        checks = asyncio.gather(_template_trims(api, fields, message), _scores_prefill(api, check.partial, fields, message, measure_echo))
         answer = None
         try:
             answer = await _continued(api, check, fields, message)
             if answer is not None and answer.text in (check.rest, check.partial + check.rest):
-                trimmed, echoes = await checks
-                return _ContinuingForm(fields, message, answer, trimmed, echoes), answered
+                trimmed, echo_sizes = await checks
+                return _ContinuingForm(fields, message, answer, trimmed, echo_sizes), answered
         finally:
             if not checks.done():  # not needed (or the continuation failed): no stray calls left behind
                 checks.cancel()
@@ -558,11 +569,32 @@ async def _template_trims(api: TargetAPI, fields: dict[str, Any], message: dict[
     return "leading" if led <= bare else "trailing" if spaced <= bare or led_spaced <= led else "none"
 
 
-async def _scores_prefill(api: TargetAPI, partial: str, fields: dict[str, Any], message: dict[str, Any]) -> bool:
-    """Do prompt logprobs score the prefilled message, at its content?"""
+async def _scores_prefill(api: TargetAPI, partial: str, fields: dict[str, Any], message: dict[str, Any],
+                          measure_echo: bool) -> tuple[tuple[int, float], ...]:
+    """Do prompt logprobs score the prefilled message, at its content?  The
+    (prompt tokens, seconds) of the calls that asked (empty: they don't):
+    with ``measure_echo``, where they do, a second one over a long context
+    (after the first: a server that refuses them is asked once).  A
+    chat echo round's cost grows with the context it re-reads, and priced
+    from the prior (prefill an eighth of a decoding step a token) it looked
+    too dear to try on a GPU-like server: chat never used one there (sim
+    gpu, a real Go edit: 0.87 s on side branches, 0.49 s once echo rounds
+    had been measured, as completions' probe does: ``server_probe``)."""
     try:
-        prefilled = continued_messages(_PROBE_MESSAGES, partial, message)
-        echoed = await api.chat(prefilled, max_tokens=1, logprobs=True, extra={**fields, "prompt_logprobs": 1})
-        return echoed.prompt_logprobs is not None and content_start(prompt_positions(echoed.prompt_logprobs)[0], partial) is not None
+        scored = await _prompt_logprobs(api, _PROBE_MESSAGES, partial, fields, message)
+        if scored.prompt_logprobs is None or content_start(prompt_positions(scored.prompt_logprobs)[0], partial) is None:
+            return ()
     except (TargetHTTPError, TargetResponseError, TypeError, KeyError, ValueError, AttributeError):
-        return False
+        return ()
+    answers = [scored]
+    if measure_echo:
+        try:
+            answers.append(await _prompt_logprobs(api, _LONG_PROBE_MESSAGES, partial, fields, message))
+        except (TargetHTTPError, TargetResponseError):
+            pass  # (only the echo cost's slope is lost: the prior stays)
+    return tuple((a.usage.prompt_tokens, a.elapsed) for a in answers if a.usage.prompt_tokens)
+
+
+async def _prompt_logprobs(api: TargetAPI, messages: list[dict[str, Any]], partial: str, fields: dict[str, Any], message: dict[str, Any]) -> Completion:
+    """One 1-token call with prompt logprobs over ``messages`` and the prefilled ``partial``."""
+    return await api.chat(continued_messages(messages, partial, message), max_tokens=1, logprobs=True, extra={**fields, "prompt_logprobs": 1})

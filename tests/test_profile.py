@@ -109,6 +109,27 @@ def test_stored_costs_predict_the_same_and_weigh_half():
     assert abs(loaded.stream.predict(64) - 2.0) > abs(costs.stream.predict(64) - 2.0)
 
 
+def test_a_cost_no_process_measures_keeps_its_weight_from_process_to_process():
+    """Loaded fits weigh half, so a new measurement overrules them sooner;
+    but a fit a process did not measure goes back as it was.  (Halved by
+    every process that saved it, a chat echo fit unused for two processes
+    was taken over by the next one's single slow round.)"""
+    costs = ServerCosts(0.2)
+    for tokens, seconds in ((300, 0.04), (500, 0.05), (700, 0.06)):
+        costs.echo.add(tokens, seconds)
+    stored = json.loads(json.dumps(costs.to_dict()))
+    for _ in range(5):  # five processes that never ran an echo round
+        stored = json.loads(json.dumps(ServerCosts.from_dict(stored, 0.5).to_dict()))
+    assert stored["echo"] == costs.to_dict()["echo"]
+    # One slow round moves the fit as much as it would have right after the
+    # measuring process (before, 0.22 s: echo priced 4x what it costs).
+    after_idle, right_after = ServerCosts.from_dict(stored, 0.5), ServerCosts.from_dict(costs.to_dict(), 0.5)
+    for loaded in (after_idle, right_after):
+        loaded.echo.add(600, 0.2)
+    assert after_idle.echo.predict(500) == pytest.approx(right_after.echo.predict(500)) and after_idle.echo.predict(500) < 0.15
+    assert ServerCosts.from_dict(after_idle.to_dict(), 0.5).echo.observed == 4
+
+
 def test_an_unknown_profile_mode_is_a_clear_error():
     with pytest.raises(ConfigurationError, match="profile"):
         SpecClient(URL, "k", "m", profile="sometimes")

@@ -59,6 +59,44 @@ def test_the_replay_tokenizer_follows_the_recorded_tokens():
     assert st.ranked()[0][0] == tok.eos_id  # the recording stopped there
 
 
+def test_an_answer_tokenized_alone_comes_back_in_its_recorded_tokens():
+    """Chat's checks tokenize the assistant message alone (``ChatTurn.context_tokens``):
+    as a real tokenizer gives the model's text back in the model's tokens, the
+    replay's does too, where greedy matching split it otherwise (and every
+    chat turn on the gpu sim was sent back plainly: "53 tokens written, 54
+    when tokenized again")."""
+    recording = RECORDINGS["r-rename-go"]
+    tok = Replay([recording]).tokenizer
+    answer = b"".join(recording.tokens[:80])
+    assert tok.encode_bytes(answer) == [tok._ids[t] for t in recording.tokens[:80]]
+    assert tok.encode_bytes(answer + b" banana")[:80] == [tok._ids[t] for t in recording.tokens[:80]]
+    greedy = super(type(tok), tok).encode_bytes(answer)
+    assert len(greedy) != 80  # (the control: greedy matching alone splits it otherwise)
+
+
+async def test_a_real_edit_as_chat_on_the_gpu_sim_is_checked_by_echo_rounds_from_the_first_process(tmp_path, monkeypatch):
+    """vLLM-like chat (prompt logprobs, /tokenize): the chat probe measures
+    what an echo round costs, so a fresh process checks drafts in echo
+    rounds, and the text sent back holds (it used to fall back plainly)."""
+    monkeypatch.setenv("BSPEC_PROFILES", str(tmp_path))
+    sim = SimulatedTarget.preset("gpu", replay=True)
+    prompt = bench_prompt("r-rename-go")
+    async with client(sim) as c:
+        result = await c.chat(prompt.messages, max_tokens=prompt.max_tokens)
+        assert c.chat_costs is not None and c.chat_costs.echo.observed >= 2
+    assert result.text.encode() == b"".join(RECORDINGS["r-rename-go"].tokens)
+    stats = result.stats
+    assert stats.strategy_rounds.get("echo", 0) >= 2 and stats.accepted_tokens >= 200 and not stats.notes, stats.to_dict()
+
+    def long_probes() -> int:
+        return sum(1 for r in sim.requests if "prompt_logprobs" in r and " world world" in str(r.get("messages")))
+
+    assert long_probes() == 1
+    async with client(sim) as c:  # the next process: the profile holds the measured costs
+        again = await c.chat(prompt.messages, max_tokens=prompt.max_tokens)
+    assert again.text == result.text and again.stats.strategy_rounds.get("echo", 0) >= 2 and long_probes() == 1
+
+
 def test_the_prefix_cache_finds_the_longest_shared_prefix():
     cache = _PrefixCache(size=2)
     cache.add((1, 2, 3, 4))

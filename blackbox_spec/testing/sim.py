@@ -121,7 +121,11 @@ class ReplayTokenizer(FakeTokenizer):
     """The fake's tokenizer, plus every recorded token.  Text that starts with
     a recorded prompt tokenizes as that prompt, then as the recorded tokens
     for as long as it follows them (so the client's ``/tokenize`` checks see
-    the recorded segmentation), then greedily."""
+    the recorded segmentation), then greedily.  Text that starts with no
+    recorded prompt but with a recorded answer (an assistant message
+    tokenized alone, as chat's checks ask) tokenizes as the answer that
+    covers most of it, as a real tokenizer gives the model's own text back
+    in the model's own tokens."""
 
     def __init__(self, recordings: list[Recording]) -> None:
         super().__init__()
@@ -142,15 +146,21 @@ class ReplayTokenizer(FakeTokenizer):
     def encode_bytes(self, data: bytes) -> list[int]:
         for prompt, prompt_ids, out_ids, _ in self.paths:
             if data.startswith(prompt):
-                ids, pos = list(prompt_ids), len(prompt)
-                for token in out_ids:
-                    raw = self.vocab[token]
-                    if not data.startswith(raw, pos):
-                        break
-                    ids.append(token)
-                    pos += len(raw)
-                return ids + super().encode_bytes(data[pos:])
-        return super().encode_bytes(data)
+                ids, pos = self._follow(data, len(prompt), out_ids)
+                return list(prompt_ids) + ids + super().encode_bytes(data[pos:])
+        ids, pos = max((self._follow(data, 0, out_ids) for _, _, out_ids, _ in self.paths), key=lambda found: found[1], default=([], 0))
+        return ids + super().encode_bytes(data[pos:])
+
+    def _follow(self, data: bytes, pos: int, out_ids: list[int]) -> tuple[list[int], int]:
+        """The recorded tokens ``data`` follows from ``pos``, and where they end."""
+        ids = []
+        for token in out_ids:
+            raw = self.vocab[token]
+            if not data.startswith(raw, pos):
+                break
+            ids.append(token)
+            pos += len(raw)
+        return ids, pos
 
 
 class _ReplayState:
