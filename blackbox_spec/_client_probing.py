@@ -1,6 +1,6 @@
 """What a :class:`~blackbox_spec.client.SpecClient` knows about its server,
 and how it learns it: the model's name, the probe's capabilities and costs
-(``server_probe``), the chat endpoint's (``chat.probe_chat``), Predicted
+(``server_probe``), the chat endpoint's (``chat_probe.probe_chat``), Predicted
 Outputs, the stop rule, and the profile that keeps all of it on disk
 between processes (``profile``).  Learned once per client, under one lock,
 so generations started together probe once.
@@ -20,7 +20,8 @@ from ._stats import GenerationStats
 from ._stopping import DEFAULT_RULE, single_stop_rule
 from ._target import TargetAPI
 from ._tokens import AlignmentError
-from .chat import ChatSupport, ChatTurn, ContinueCheck, probe_chat, probe_predictions
+from .chat import ChatSupport, ChatTurn, ContinueCheck
+from .chat_probe import probe_chat, probe_predictions
 from .policy import ServerCosts
 from .probe import STOP_PROBE_PROMPT, probe_stop_rule
 from .profile import LOADED_WEIGHT, ProfileStore

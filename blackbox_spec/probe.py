@@ -25,7 +25,8 @@ from ._exceptions import TargetError, TargetHTTPError
 from ._stopping import rule_test
 from ._target import TargetAPI
 from ._tokens import AlignmentError
-from .chat import ChatSupport, continue_forms, probe_chat
+from .chat import ChatSupport
+from .chat_probe import continue_forms, probe_chat
 from .server_probe import scoring_call
 
 FILLER = (
@@ -51,7 +52,7 @@ class ProbeReport:
     scoring: str | None = None
     # False: the server refused ``/completions`` (a chat-only hosted API).
     completions: bool = True
-    # The chat endpoint: each continuation form's answer (``chat.continue_forms``),
+    # The chat endpoint: each continuation form's answer (``chat_probe.continue_forms``),
     # the one the client would use, and whether it can speculate there.
     chat: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
@@ -96,7 +97,7 @@ async def probe_server(api: TargetAPI, *, repeats: int = 2, widths: tuple[int, .
     """The completions endpoint's offers and costs; with ``chat``, the chat
     endpoint's continuation and scoring forms too (``probe_chat_forms``;
     ``chat_probe``: how the chat probe runs, a client's own to keep its
-    answer, else ``chat.probe_chat``).  A server without completions (404)
+    answer, else ``chat_probe.probe_chat``).  A server without completions (404)
     is probed on chat alone."""
     report = ProbeReport(api.base_url, api.model or "")
     prompt = FILLER * 2
@@ -175,7 +176,7 @@ async def _probe_fanout(api: TargetAPI, report: ProbeReport, prompt: str, repeat
 async def probe_chat_forms(api: TargetAPI, report: ProbeReport, chat_probe: Callable[[], Awaitable[ChatSupport]] | None = None) -> None:
     """How the chat endpoint takes a partial assistant message (each of
     ``chat.CONTINUE_FORMS``), and what the client's own chat probe
-    concludes from it (``chat_probe``, else ``chat.probe_chat``), onto ``report.chat``."""
+    concludes from it (``chat_probe``, else ``chat_probe.probe_chat``), onto ``report.chat``."""
     try:
         forms = await continue_forms(api)
         support = await (chat_probe() if chat_probe is not None else probe_chat(api))

@@ -91,7 +91,7 @@ class ServerProfile:
     # never trusted: exactness rests on the check, not on this.
     chat_check: dict[str, Any] | None = None
     # Whether the server speculates on a Predicted Outputs ``prediction``
-    # itself (``chat.probe_predictions``); None: not probed yet.
+    # itself (``chat_probe.probe_predictions``); None: not probed yet.
     predicted_outputs: bool | None = None
     # The user's prices for this server (``_bill.Price.to_dict``), given once
     # (``--price``) and used by later runs; kept when the rest is re-measured.

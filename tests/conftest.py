@@ -102,7 +102,7 @@ def client_for(**kwargs) -> SpecClient:
 
 def turn_requests(fake: FakeTarget) -> list[dict]:
     """The fake's requests, less the client's Predicted Outputs probe."""
-    from blackbox_spec.chat import _PREDICTION_PROBE
+    from blackbox_spec.chat_probe import _PREDICTION_PROBE
 
     return [r for r in fake.requests if r.get("prediction") != _PREDICTION_PROBE]
 

@@ -115,7 +115,7 @@ async def test_a_mistral_style_api_is_asked_in_its_documented_form():
     message is refused unless it says ``"prefix": true`` (400, its message),
     unknown fields are refused (422); with it, the answer continues the
     message without repeating it."""
-    from blackbox_spec.chat import probe_chat
+    from blackbox_spec.chat_probe import probe_chat
 
     partial, rest = "1 2 3 4", " 5 6 7 8"
     seen: list[dict] = []

@@ -262,7 +262,7 @@ async def test_auto_drafts_here_where_the_server_does_not_use_predictions(served
 
 
 async def test_the_prediction_probe_runs_once_per_server_across_processes(served):
-    from blackbox_spec.chat import _PREDICTION_PROBE
+    from blackbox_spec.chat_probe import _PREDICTION_PROBE
 
     from .test_chat import chat_of
 

@@ -15,7 +15,7 @@ import pytest
 from blackbox_spec import drafters
 from blackbox_spec.drafters.llama import GGUF_MAGIC
 from blackbox_spec.proxy import Proxy, running
-from blackbox_spec.chat import _PROBE_MESSAGES as PROBE_MESSAGES
+from blackbox_spec.chat_probe import _PROBE_MESSAGES as PROBE_MESSAGES
 from blackbox_spec.server_probe import PROBE_PROMPTS
 from blackbox_spec.testing import FakeTarget
 from blackbox_spec.testing.fake_target import FakeModel

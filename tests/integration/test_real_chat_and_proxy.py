@@ -5,7 +5,7 @@
   equals a plain chat call's, for auto, echo and fanout.
 * llama-server: continues an assistant message unasked (prefill); no
   prompt_logprobs, so fan-out only.
-* ``chat.continue_forms`` (what ``bspec probe`` shows): how each server
+* ``chat_probe.continue_forms`` (what ``bspec probe`` shows): how each server
   answers each way of asking it to continue a message.
 * The official openai SDK pointed at ``bspec serve`` in front of vLLM gets
   the same answers as from vLLM directly, streaming and not.
@@ -50,7 +50,7 @@ async def test_vllm_answers_each_continuation_form_as_documented(vllm_target):
     """vLLM continues a message only when asked (``continue_final_message``);
     a bare trailing assistant message, or Mistral's ``prefix`` on it, gets a
     new turn (the template closes the message)."""
-    from blackbox_spec.chat import continue_forms
+    from blackbox_spec.chat_probe import continue_forms
 
     async with SpecClient(vllm_target.base_url, model=vllm_target.model) as client:
         await client.ensure_model()
@@ -88,7 +88,7 @@ async def test_llama_server_chat_continues_by_prefill(llama_target):
 async def test_llama_server_continues_a_trailing_assistant_message_in_every_form(llama_target):
     """llama-server prefills a trailing assistant message unasked: every form
     is continued (unknown fields ignored), none refused."""
-    from blackbox_spec.chat import continue_forms
+    from blackbox_spec.chat_probe import continue_forms
 
     async with SpecClient(llama_target.base_url, model=llama_target.model) as client:
         await client.ensure_model()
